@@ -1,0 +1,85 @@
+# jobq — every entry point. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+# What `make run` exports to every process it starts (see README "Configuration").
+RUN_ENV := LOG_FORMAT=text SMTP_HOST=127.0.0.1 SMTP_PORT=2525 \
+	WEBHOOK_ALLOWED_HOSTS=localhost,127.0.0.1,::1 PATH="$(CURDIR)/$(BIN):$$PATH"
+
+.PHONY: help
+help: ## List every target
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml requirements.lock
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "jobq needs Python 3.11+; found $$($(PYTHON) --version)"; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@touch $(STAMP)
+
+.PHONY: install
+install: $(STAMP) ## Create .venv and install the pinned dependencies (requirements.lock)
+
+.PHONY: lock
+lock: install ## Re-resolve requirements.lock from pyproject.toml (needs network)
+	$(BIN)/python -m pip install --quiet uv && $(BIN)/uv pip compile pyproject.toml --extra dev \
+		--python-version 3.11 --no-header --no-annotate -o requirements.lock
+
+.PHONY: servers
+servers: install ## Find or start PostgreSQL and Redis; print their URLs
+	$(BIN)/python -m infra.servers env --database jobq
+
+.PHONY: stop-servers
+stop-servers: install ## Stop throwaway PostgreSQL/Redis that jobq started (never yours)
+	$(BIN)/python -m infra.servers stop
+
+.PHONY: migrate
+migrate: install ## Apply the alembic migrations to DATABASE_URL (or the found server)
+	@eval "$$($(BIN)/python -m infra.servers env --database jobq)" && export DATABASE_URL && \
+		$(BIN)/alembic upgrade head
+
+.PHONY: run
+run: install ## Start PostgreSQL/Redis if needed, migrate, run queue, producer, 2 workers, SMTP sink
+	@eval "$$($(BIN)/python -m infra.servers env --database jobq)" && \
+		export DATABASE_URL REDIS_URL && $(BIN)/alembic upgrade head && \
+		echo "jobq: producer http://127.0.0.1:8080  queue http://127.0.0.1:8081  workers' metrics :9101 :9102  (Ctrl-C stops)" && \
+		env $(RUN_ENV) $(BIN)/honcho --no-colour -d . -f infra/Procfile start
+
+.PHONY: test
+test: install ## Run every test (unit, integration, e2e) against real PostgreSQL and Redis
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+.PHONY: lint
+lint: install ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+.PHONY: format
+format: install ## Apply ruff fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+.PHONY: typecheck
+typecheck: install ## mypy (strict) over common, services, infra, benchmark
+	$(BIN)/mypy
+
+.PHONY: boundaries
+boundaries: install ## import-linter: services independent, only the queue touches the database
+	$(BIN)/lint-imports
+
+.PHONY: check
+check: lint typecheck boundaries ## lint + typecheck + boundaries
+
+.PHONY: bench
+bench: install ## Median POST→COMPLETED latency of 100 noop jobs on a fresh stack (JSON in benchmark/results)
+	$(BIN)/python -m benchmark.latency --jobs 100
+
+.PHONY: clean
+clean: ## Remove the virtual environment and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,222 @@
+"""Wire contracts (msgspec Structs, camelCase JSON) and every bound of DESIGN.md §5.
+
+The bounds are defined once here and flow into request validation, the OpenAPI documents and
+the client library. Structs that arrive over HTTP forbid unknown fields, so a typo such as
+`delay_seconds` is an error rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+# --- bounds (DESIGN.md §5) -------------------------------------------------------------------
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
+MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 100
+MAX_DELAY_SECONDS = 14 * 24 * 3600
+TIMEOUT_SECONDS_MIN, TIMEOUT_SECONDS_MAX = 1, 43_200
+VISIBILITY_TIMEOUT_MAX = 43_200
+CLAIM_MAX = 100
+WAIT_SECONDS_MAX = 20
+IDEMPOTENCY_KEY_MAX_BYTES = 255
+PAYLOAD_MAX_BYTES = 256 * 1024
+PAYLOAD_MAX_DEPTH = 32
+REQUEST_BODY_MAX_BYTES = 8 * 1024 * 1024
+ERROR_MAX_BYTES = 8 * 1024
+RESULT_MAX_BYTES = 256 * 1024
+ERRORS_HISTORY_MAX = 10
+WORKER_NAME_MAX = 200
+
+Name = Annotated[
+    str,
+    Meta(
+        pattern=NAME_PATTERN,
+        description="Lower-case letters, digits, '.', '_' and '-'; 1..64 characters.",
+        examples=["default"],
+    ),
+]
+Priority = Annotated[
+    int, Meta(ge=PRIORITY_MIN, le=PRIORITY_MAX, description="Higher is claimed first.")
+]
+MaxAttempts = Annotated[int, Meta(ge=MAX_ATTEMPTS_MIN, le=MAX_ATTEMPTS_MAX)]
+DelaySeconds = Annotated[
+    float, Meta(ge=0, le=MAX_DELAY_SECONDS, description="Seconds before the job is visible.")
+]
+TimeoutSeconds = Annotated[int, Meta(ge=TIMEOUT_SECONDS_MIN, le=TIMEOUT_SECONDS_MAX)]
+ClaimVisibilityTimeout = Annotated[int, Meta(ge=1, le=VISIBILITY_TIMEOUT_MAX)]
+HeartbeatVisibilityTimeout = Annotated[int, Meta(ge=0, le=VISIBILITY_TIMEOUT_MAX)]
+RetryAfterSeconds = Annotated[float, Meta(ge=0, le=MAX_DELAY_SECONDS)]
+IdempotencyKey = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=IDEMPOTENCY_KEY_MAX_BYTES,
+        pattern=r"^[\x20-\x7e]+$",
+        description="Printable ASCII, 1..255 bytes; global, lives as long as its job.",
+    ),
+]
+WorkerName = Annotated[str, Meta(min_length=1, max_length=WORKER_NAME_MAX)]
+Payload = Annotated[
+    dict[str, Any],
+    Meta(description=f"A JSON object of at most {PAYLOAD_MAX_BYTES} bytes, nesting ≤ 32."),
+]
+
+
+class JobStatus(enum.StrEnum):
+    """Lifecycle states of DESIGN.md §2."""
+
+    SCHEDULED = "SCHEDULED"
+    PENDING = "PENDING"
+    PROCESSING = "PROCESSING"
+    COMPLETED = "COMPLETED"
+    DEAD_LETTER = "DEAD_LETTER"
+    CANCELLED = "CANCELLED"
+
+
+FINISHED_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.DEAD_LETTER, JobStatus.CANCELLED})
+
+
+class _Wire(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """Base of every struct on the wire: camelCase names, unknown fields rejected."""
+
+
+# --- submit ----------------------------------------------------------------------------------
+
+
+class SubmitJobRequest(_Wire):
+    """`POST /jobs` body on the producer."""
+
+    task_type: Name
+    payload: Payload
+    queue: Name = "default"
+    priority: Priority = 0
+    delay_seconds: DelaySeconds = 0
+    max_attempts: MaxAttempts | None = None
+    timeout_seconds: TimeoutSeconds | None = None
+    idempotency_key: IdempotencyKey | None = None
+
+
+class EnqueueRequest(SubmitJobRequest):
+    """`POST /jobs` body on the queue service: the producer's request plus the id it minted.
+
+    Carrying the id makes a retried forward a replay of the same job, never a duplicate.
+    """
+
+    job_id: uuid.UUID | None = None
+
+
+class SubmitJobResponse(_Wire):
+    """`202` (created) or `200` (replay) reply to a submit."""
+
+    job_id: uuid.UUID
+    status: JobStatus
+
+
+class ErrorEntry(_Wire):
+    """One failure in a job's bounded `errors` history."""
+
+    attempt: int
+    at: datetime
+    error: str
+
+
+class JobView(_Wire):
+    """Everything known about a job, as `GET /jobs/{id}` returns it."""
+
+    id: uuid.UUID
+    queue: str
+    task_type: str
+    payload: dict[str, Any]
+    status: JobStatus
+    priority: int
+    attempts: int
+    releases: int
+    max_attempts: int
+    timeout_seconds: int | None
+    last_error: str | None
+    errors: list[ErrorEntry]
+    result: Any
+    idempotency_key: str | None
+    locked_by: str | None
+    created_at: datetime
+    updated_at: datetime
+    visible_at: datetime
+    claimed_at: datetime | None
+    finished_at: datetime | None
+    cancel_requested: bool
+
+
+# --- worker protocol -------------------------------------------------------------------------
+
+
+class ClaimRequest(_Wire):
+    """`POST /jobs/next`: claim up to `max` jobs, long-polling up to `wait_seconds`."""
+
+    worker: WorkerName
+    queues: Annotated[list[Name], Meta(min_length=1, max_length=50)]
+    max: Annotated[int, Meta(ge=1, le=CLAIM_MAX)] = 1
+    wait_seconds: Annotated[float, Meta(ge=0, le=WAIT_SECONDS_MAX)] = 0
+    visibility_timeout: ClaimVisibilityTimeout | None = None
+
+
+class JobMessage(_Wire):
+    """A claimed job as a worker receives it; `receipt_handle` fences every later report."""
+
+    id: uuid.UUID
+    task_type: str
+    payload: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    timeout_seconds: int | None
+    receipt_handle: uuid.UUID
+    visibility_timeout: int
+    visible_at: datetime
+    idempotency_key: str | None
+
+
+class ClaimResponse(_Wire):
+    """`200` reply to a claim: at least one job."""
+
+    jobs: list[JobMessage]
+
+
+class AckRequest(_Wire):
+    """`POST /jobs/{id}/ack`: the job succeeded; `result` is stored (sanitised, truncated)."""
+
+    receipt_handle: uuid.UUID
+    result: Any = None
+
+
+class FailRequest(_Wire):
+    """`POST /jobs/{id}/fail`: the attempt failed; retry with backoff or dead-letter."""
+
+    receipt_handle: uuid.UUID
+    error: str
+    retryable: bool = True
+    retry_after_seconds: RetryAfterSeconds | None = None
+
+
+class QueueDepth(_Wire):
+    """Per-queue counts of `GET /queues` (approximate when served from the Redis cache)."""
+
+    queue: str
+    pending: int
+    scheduled: int
+    processing: int
+    dead_letter: int
+    oldest_pending_age_seconds: float
+    source: str
+    refreshed_at: datetime
+
+
+class QueuesResponse(_Wire):
+    """`GET /queues` reply."""
+
+    queues: list[QueueDepth]

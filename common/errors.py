@@ -1,0 +1,138 @@
+"""One exception family for every jobq failure, with its HTTP status and problem type.
+
+The queue service raises these, maps them once to RFC 9457 problem details, and the HTTP
+clients in the producer and worker map problem details back to the same classes (`from_problem`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class JobqError(Exception):
+    """Base of every jobq error.
+
+    Attributes: `status` (HTTP status), `slug` (the last part of the problem `type` URI),
+    `title` (short, constant summary) and `errors` (a list of `{"pointer", "detail"}` dicts that
+    locate each bad input in the request body, RFC 6901 JSON pointers).
+    """
+
+    status: ClassVar[int] = 500
+    slug: ClassVar[str] = "internal-error"
+    title: ClassVar[str] = "Internal error"
+
+    def __init__(self, detail: str = "", *, errors: list[dict[str, str]] | None = None) -> None:
+        super().__init__(detail or self.title)
+        self.detail = detail or self.title
+        self.errors = errors or []
+
+    @property
+    def type_uri(self) -> str:
+        """The problem `type` URI, e.g. `urn:jobq:problem:stale-receipt-handle`."""
+        return f"urn:jobq:problem:{self.slug}"
+
+    def to_problem(self, instance: str | None = None) -> dict[str, Any]:
+        """Return the RFC 9457 body: `type`, `title`, `status`, `detail`, `instance`, `errors`."""
+        body: dict[str, Any] = {
+            "type": self.type_uri,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if instance:
+            body["instance"] = instance
+        if self.errors:
+            body["errors"] = self.errors
+        return body
+
+
+class InvalidInput(JobqError):
+    """The request is well-formed JSON but breaks a bound (422)."""
+
+    status = 422
+    slug = "invalid-input"
+    title = "Invalid input"
+
+
+class MalformedRequest(JobqError):
+    """The request body is not valid JSON or not the expected shape (400)."""
+
+    status = 400
+    slug = "malformed-request"
+    title = "Malformed request"
+
+
+class PayloadTooLarge(JobqError):
+    """The request body or payload exceeds its size bound (413)."""
+
+    status = 413
+    slug = "payload-too-large"
+    title = "Payload too large"
+
+
+class JobNotFound(JobqError):
+    """No job has this id (404)."""
+
+    status = 404
+    slug = "job-not-found"
+    title = "Job not found"
+
+
+class StaleReceiptHandle(JobqError):
+    """The receipt handle is not the job's latest: the lease was lost (409).
+
+    As in SQS, every claim mints a new receipt handle; only the latest may settle the job.
+    """
+
+    status = 409
+    slug = "stale-receipt-handle"
+    title = "Stale receipt handle"
+
+
+class IdempotencyConflict(JobqError):
+    """The idempotency key is already used by a job created from a different request (409)."""
+
+    status = 409
+    slug = "idempotency-conflict"
+    title = "Idempotency key reused with a different request"
+
+
+class ServiceUnavailable(JobqError):
+    """A dependency (the queue service, PostgreSQL) cannot be reached right now (503)."""
+
+    status = 503
+    slug = "service-unavailable"
+    title = "Service unavailable"
+
+
+_BY_SLUG: dict[str, type[JobqError]] = {
+    cls.slug: cls
+    for cls in (
+        JobqError,
+        InvalidInput,
+        MalformedRequest,
+        PayloadTooLarge,
+        JobNotFound,
+        StaleReceiptHandle,
+        IdempotencyConflict,
+        ServiceUnavailable,
+    )
+}
+
+
+def from_problem(body: Any, status: int) -> JobqError:
+    """Rebuild the `JobqError` a problem-details body describes.
+
+    `body` is the decoded JSON (any shape is tolerated); unknown types become a plain
+    `JobqError` carrying the detail. Used by the producer's and worker's HTTP clients.
+    """
+    if isinstance(body, dict):
+        type_uri = str(body.get("type", ""))
+        slug = type_uri.rsplit(":", 1)[-1]
+        detail = str(body.get("detail", ""))
+        errors = body.get("errors") if isinstance(body.get("errors"), list) else None
+        cls = _BY_SLUG.get(slug)
+        if cls is not None:
+            return cls(detail, errors=errors)
+        return JobqError(f"HTTP {status}: {detail or body.get('title', '')}")
+    return JobqError(f"HTTP {status}")

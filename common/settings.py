@@ -1,0 +1,70 @@
+"""Settings shared by every service: duration and size types, logging and connection URLs.
+
+Each service extends `BaseServiceSettings` in its own `settings.py`. Field names are the
+environment variable names of DESIGN.md §5 in lower case (`queue_reaper_interval` ↔
+`QUEUE_REAPER_INTERVAL`), read once in `main()`, never at import time. Bad values fail at start
+with pydantic's message naming the variable.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*$")
+_SIZE_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, None: 1}
+
+
+def parse_duration(value: object) -> float:
+    """Parse `30`, `0.5`, `500ms`, `30s`, `5m`, `12h` or `14d` into seconds (float ≥ 0).
+
+    Raises ValueError for anything else, including negative, NaN and infinite values.
+    """
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a number with ms/s/m/h/d")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(
+                f"{value!r} is not a duration: use seconds (30, 0.5) or a unit (500ms, 5m, 14d)"
+            )
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{value!r} is not a finite, non-negative duration")
+    return seconds
+
+
+def parse_size(value: object) -> int:
+    """Parse `262144`, `256KiB` or `8MiB` into bytes (int ≥ 0); raises ValueError otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ValueError(f"{value!r} is not a size: use bytes (1024) or a unit (256KiB, 8MiB)")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""A duration in seconds, accepting the unit suffixes of `parse_duration`."""
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+"""A size in bytes, accepting `KiB`/`MiB`/`GiB`."""
+
+Port = Annotated[int, Field(ge=0, le=65535)]
+
+
+class BaseServiceSettings(BaseSettings):
+    """Settings every service reads: logging and the URLs it may connect to."""
+
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "text"] = "json"

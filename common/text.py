@@ -1,0 +1,53 @@
+"""Make worker reports always recordable in PostgreSQL (DESIGN.md §5).
+
+PostgreSQL's `text` and `jsonb` cannot hold NUL characters, and UTF-8 cannot encode lone
+surrogates. A report that contains either, or megabytes of text, must still be stored, or the job
+would be stranded in `PROCESSING` by its own error message.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+REPLACEMENT = "\ufffd"
+
+
+def sanitize_text(text: str, max_bytes: int) -> str:
+    """Replace NUL and lone surrogates with U+FFFD and cut to at most `max_bytes` UTF-8 bytes.
+
+    The cut never splits a character; a truncated text ends with "…[truncated]".
+    """
+    clean = _UNSTORABLE.sub(REPLACEMENT, text)
+    encoded = clean.encode("utf-8")
+    if len(encoded) <= max_bytes:
+        return clean
+    marker = "…[truncated]"
+    room = max(0, max_bytes - len(marker.encode("utf-8")))
+    return encoded[:room].decode("utf-8", errors="ignore") + marker
+
+
+def _sanitize_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return _UNSTORABLE.sub(REPLACEMENT, value)
+    if isinstance(value, dict):
+        return {_UNSTORABLE.sub(REPLACEMENT, str(k)): _sanitize_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_sanitize_value(v) for v in value]
+    return value
+
+
+def sanitize_result(result: Any, max_bytes: int) -> Any:
+    """Return `result` with every string sanitised; if its JSON exceeds `max_bytes`, a stub.
+
+    The stub is `{"truncated": true, "bytes": N, "preview": "<first bytes of the JSON>"}`.
+    """
+    clean = _sanitize_value(result)
+    encoded = msgspec.json.encode(clean)
+    if len(encoded) <= max_bytes:
+        return clean
+    preview = sanitize_text(encoded.decode("utf-8", errors="replace"), max_bytes // 2)
+    return {"truncated": True, "bytes": len(encoded), "preview": preview}

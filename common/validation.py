@@ -1,0 +1,61 @@
+"""Boundary checks msgspec's type constraints cannot express (DESIGN.md §5).
+
+Used by the producer before forwarding and by the queue service before inserting, so bad input
+never reaches PostgreSQL as an error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from common.contracts import PAYLOAD_MAX_BYTES, PAYLOAD_MAX_DEPTH
+from common.errors import InvalidInput, PayloadTooLarge
+
+
+def _pointer_token(key: object) -> str:
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def _first_unstorable(value: Any, pointer: str, depth: int) -> tuple[str, str] | None:
+    """Walk `value`; return (pointer, problem) for the first unstorable or too-deep spot."""
+    if depth > PAYLOAD_MAX_DEPTH:
+        return pointer, f"nesting deeper than {PAYLOAD_MAX_DEPTH} levels"
+    if isinstance(value, str):
+        if "\x00" in value:
+            return pointer, "text contains a NUL character (\\u0000), which cannot be stored"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            child = f"{pointer}/{_pointer_token(key)}"
+            if "\x00" in str(key):
+                return child, "a key contains a NUL character (\\u0000), which cannot be stored"
+            found = _first_unstorable(item, child, depth + 1)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _first_unstorable(item, f"{pointer}/{index}", depth + 1)
+            if found:
+                return found
+    return None
+
+
+def check_payload(payload: dict[str, Any], pointer: str = "/payload") -> None:
+    """Raise unless `payload` can be stored exactly as given.
+
+    Raises PayloadTooLarge (413) when its JSON exceeds PAYLOAD_MAX_BYTES, and InvalidInput
+    (422) when it nests deeper than PAYLOAD_MAX_DEPTH or holds a NUL character; both carry a
+    JSON pointer to the offending spot.
+    """
+    size = len(msgspec.json.encode(payload))
+    if size > PAYLOAD_MAX_BYTES:
+        raise PayloadTooLarge(
+            f"payload is {size} bytes; the limit is {PAYLOAD_MAX_BYTES}",
+            errors=[{"pointer": pointer, "detail": f"at most {PAYLOAD_MAX_BYTES} bytes"}],
+        )
+    found = _first_unstorable(payload, pointer, 1)
+    if found:
+        where, problem = found
+        raise InvalidInput(problem, errors=[{"pointer": where, "detail": problem}])

@@ -1,0 +1,164 @@
+"""HTTP plumbing shared by the producer and the queue service (Litestar).
+
+One mapping from exceptions to RFC 9457 problem details, so every error either service returns
+(our own, a validation failure, a 404/405/413/415 from the framework, or an unexpected crash)
+has the same shape, and a 500 never leaks internals.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from litestar import MediaType, Request, Response, get
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.handlers import HTTPRouteHandler
+from litestar.plugins.prometheus import PrometheusConfig
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from common.errors import InvalidInput, JobqError, MalformedRequest
+
+logger = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+_MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_PATH_TOKEN = re.compile(r"\.([A-Za-z0-9_]+)|\[(\d+)\]|\['((?:[^'\\]|\\.)*)'\]")
+_UNKNOWN_FIELD = re.compile(r"unknown field `(?P<name>[^`]+)`")
+
+
+def _pointer(msgspec_path: str) -> str:
+    """Turn msgspec's `$.jobs[0].payload` into the JSON pointer `/jobs/0/payload`."""
+    parts = []
+    for attr, index, key in _PATH_TOKEN.findall(msgspec_path):
+        token = attr or index or key
+        parts.append(token.replace("~", "~0").replace("/", "~1"))
+    return "".join("/" + p for p in parts)
+
+
+def _validation_to_error(exc: ValidationException) -> JobqError:
+    """Map Litestar's body/parameter validation failure onto InvalidInput or MalformedRequest."""
+    entries = exc.extra if isinstance(exc.extra, list) else []
+    errors: list[dict[str, str]] = []
+    malformed = False
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        message = str(entry.get("message", ""))
+        source = entry.get("source")
+        key = str(entry.get("key") or "")
+        if "malformed" in message.lower() or "truncated" in message.lower():
+            malformed = True
+        match = _MSGSPEC_PATH.search(message)
+        if match:
+            pointer = _pointer(match.group("path"))
+        elif source == "body" and key and key != "data":
+            pointer = _pointer(key if key.startswith(("[", ".")) else "." + key)
+        else:
+            pointer = ""
+        unknown = _UNKNOWN_FIELD.search(message)
+        if unknown:
+            pointer = f"{pointer}/{unknown.group('name')}"
+        if source in ("query", "path", "header", "cookie") and key:
+            pointer = f"{source}:{key}"
+        detail = _MSGSPEC_PATH.sub("", message) or "invalid value"
+        errors.append({"pointer": pointer, "detail": detail})
+    if malformed or not errors:
+        detail = errors[0]["detail"] if errors else str(exc.detail)
+        return MalformedRequest(f"the request body is not valid JSON: {detail}", errors=errors)
+    summary = "; ".join(f"{e['pointer'] or '/'}: {e['detail']}" for e in errors)
+    return InvalidInput(summary, errors=errors)
+
+
+def problem_response(error: JobqError, request: Request[Any, Any, Any]) -> Response[Any]:
+    """Render `error` as an `application/problem+json` response."""
+    headers = {"Retry-After": "1"} if error.status == 503 else None
+    return Response(
+        content=error.to_problem(instance=request.url.path),
+        status_code=error.status,
+        media_type=PROBLEM_JSON,
+        headers=headers,
+    )
+
+
+def _jobq_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    assert isinstance(exc, JobqError)
+    return problem_response(exc, request)
+
+
+def _validation_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    assert isinstance(exc, ValidationException)
+    return problem_response(_validation_to_error(exc), request)
+
+
+class _HttpProblem(JobqError):
+    """An HTTP error raised by the framework itself (404, 405, 413, 415, …)."""
+
+
+def _http_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 400:
+        malformed = MalformedRequest(f"the request body could not be read: {exc.detail}")
+        return problem_response(malformed, request)
+    error = _HttpProblem(str(exc.detail))
+    body = {
+        "type": "about:blank",
+        "title": str(exc.detail) if exc.status_code < 500 else "Internal error",
+        "status": exc.status_code,
+        "detail": str(exc.detail) if exc.status_code < 500 else error.title,
+        "instance": request.url.path,
+    }
+    return Response(
+        content=body, status_code=exc.status_code, media_type=PROBLEM_JSON, headers=exc.headers
+    )
+
+
+def _crash_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    logger.exception(
+        "unhandled error on %s %s",
+        request.method,
+        request.url.path,
+        extra={"event": "unhandled_error"},
+        exc_info=exc,
+    )
+    return problem_response(JobqError("an unexpected error occurred; it has been logged"), request)
+
+
+def exception_handlers() -> dict[type[Exception] | int, Callable[..., Response[Any]]]:
+    """Litestar `exception_handlers` mapping every failure onto problem details."""
+    return {
+        JobqError: _jobq_handler,
+        ValidationException: _validation_handler,
+        HTTPException: _http_handler,
+        Exception: _crash_handler,
+    }
+
+
+def prometheus_config(app_name: str) -> PrometheusConfig:
+    """HTTP request metrics (`jobq_http_*`), grouped by route template so ids never become
+    label values; health and metrics endpoints are not counted."""
+    return PrometheusConfig(
+        app_name=app_name,
+        prefix="jobq_http",
+        group_path=True,
+        exclude=["/metrics", "/health"],
+    )
+
+
+def metrics_route(registry: CollectorRegistry) -> HTTPRouteHandler:
+    """`GET /metrics`: the process-wide registry (HTTP and process metrics) plus the app's own."""
+
+    @get("/metrics", media_type=MediaType.TEXT, include_in_schema=False, sync_to_thread=False)
+    def metrics() -> Response[bytes]:
+        body = generate_latest(REGISTRY) + generate_latest(registry)
+        return Response(content=body, media_type=CONTENT_TYPE_LATEST)
+
+    return metrics
+
+
+@get("/health/live", include_in_schema=False, sync_to_thread=False)
+def live() -> dict[str, str]:
+    """Liveness: the process answers; checks no dependency."""
+    return {"status": "ok"}

@@ -1,0 +1,25 @@
+"""`python -m services.producer`: serve the public producer API."""
+
+from __future__ import annotations
+
+from common.logging import configure_logging
+from common.serving import serve
+from services.producer.app import create_app
+from services.producer.settings import ProducerSettings
+
+
+def main() -> None:
+    """Read settings from the environment, configure logging and serve until SIGTERM/SIGINT,
+    draining in-flight requests for up to `PRODUCER_SHUTDOWN_GRACE` seconds."""
+    settings = ProducerSettings()
+    configure_logging(settings.log_level, settings.log_format)
+    serve(
+        create_app(settings),
+        settings.producer_host,
+        settings.producer_port,
+        settings.producer_shutdown_grace,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""`create_app(settings)`: the producer as a Litestar app."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Litestar, Response, get
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from prometheus_client import CollectorRegistry
+
+from common.contracts import REQUEST_BODY_MAX_BYTES
+from common.http import make_client
+from common.web import exception_handlers, live, metrics_route, prometheus_config
+from services.producer.client import QueueServiceClient
+from services.producer.routes import JobController
+from services.producer.settings import ProducerSettings
+
+
+@get("/health/ready", include_in_schema=False)
+async def ready(state: State) -> Response[dict[str, Any]]:
+    """Readiness: the queue service answers."""
+    ok = await state.queue.live()
+    body = {"status": "ok" if ok else "unavailable", "queueService": "ok" if ok else "unreachable"}
+    return Response(body, status_code=200 if ok else 503)
+
+
+def create_app(settings: ProducerSettings | None = None) -> Litestar:
+    """Build the producer; its pooled HTTP client to the queue service lives in the lifespan."""
+    settings = settings or ProducerSettings()
+    registry = CollectorRegistry(auto_describe=True)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        async with make_client(
+            settings.queue_service_url, timeout=settings.producer_forward_timeout
+        ) as http:
+            app.state.queue = QueueServiceClient(http, settings.producer_forward_timeout)
+            yield
+
+    def provide_queue(state: State) -> QueueServiceClient:
+        client: QueueServiceClient = state.queue
+        return client
+
+    return Litestar(
+        route_handlers=[JobController, ready, live, metrics_route(registry)],
+        lifespan=[lifespan],
+        dependencies={"queue": Provide(provide_queue, sync_to_thread=False)},
+        exception_handlers=exception_handlers(),
+        middleware=[prometheus_config("producer").middleware],
+        openapi_config=OpenAPIConfig(title="jobq producer", version="0.1.0", path="/schema"),
+        request_max_body_size=REQUEST_BODY_MAX_BYTES,
+        logging_config=None,
+        debug=False,
+    )

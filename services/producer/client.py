@@ -1,0 +1,39 @@
+"""The producer's typed client for the queue service."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+
+from common.contracts import EnqueueRequest, JobView, SubmitJobResponse
+from common.http import call, decode
+
+
+class QueueServiceClient:
+    """Forwards validated requests to the queue service over a pooled httpx client.
+
+    Errors are the `common.errors` classes the queue service answered with; an unreachable or
+    slow queue service is ServiceUnavailable (503 with Retry-After to the caller).
+    """
+
+    def __init__(self, http: httpx.AsyncClient, timeout: float) -> None:
+        self._http = http
+        self._timeout = timeout
+
+    async def submit(self, request: EnqueueRequest) -> tuple[SubmitJobResponse, bool]:
+        """Create the job (or replay it); returns the reply and whether it was created (202)."""
+        response = await call(self._http, "POST", "/jobs", request, read_timeout=self._timeout)
+        return decode(response, SubmitJobResponse), response.status_code == 202
+
+    async def get(self, job_id: uuid.UUID) -> JobView:
+        """The job's view; raises JobNotFound."""
+        response = await call(self._http, "GET", f"/jobs/{job_id}", read_timeout=self._timeout)
+        return decode(response, JobView)
+
+    async def live(self) -> bool:
+        """True when the queue service answers its liveness probe within 2 s."""
+        try:
+            return (await self._http.get("/health/live", timeout=2.0)).is_success
+        except httpx.HTTPError:
+            return False

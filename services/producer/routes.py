@@ -1,0 +1,63 @@
+"""HTTP routes of the producer: validate at the boundary, mint the job id, forward."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgspec
+from litestar import Controller, Response, get, post
+from litestar.di import NamedDependency
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import FromPath, JSONBody
+
+from common.contracts import EnqueueRequest, JobView, SubmitJobRequest, SubmitJobResponse
+from common.ids import new_job_id
+from common.validation import check_payload
+from services.producer.client import QueueServiceClient
+
+_PROBLEM = ResponseSpec(data_container=dict[str, Any], description="Problem details (RFC 9457)")
+
+
+class JobController(Controller):
+    """The public job API."""
+
+    path = "/jobs"
+    tags = ["jobs"]
+
+    @post(
+        "/",
+        status_code=202,
+        summary="Submit a job",
+        responses={
+            200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
+            400: _PROBLEM,
+            409: _PROBLEM,
+            413: _PROBLEM,
+            415: _PROBLEM,
+            422: _PROBLEM,
+            503: _PROBLEM,
+        },
+    )
+    async def submit(
+        self, data: JSONBody[SubmitJobRequest], queue: NamedDependency[QueueServiceClient]
+    ) -> Response[SubmitJobResponse]:
+        """Validate the job and hand it to the queue service.
+
+        The job id is minted here, once, so a retried forward is a replay, never a duplicate.
+        """
+        check_payload(data.payload)
+        fields = msgspec.structs.asdict(data)
+        reply, created = await queue.submit(EnqueueRequest(**fields, job_id=new_job_id()))
+        return Response(
+            reply,
+            status_code=202 if created else 200,
+            headers={"Location": f"/jobs/{reply.job_id}"},
+        )
+
+    @get("/{job_id:uuid}", summary="Read a job", responses={404: _PROBLEM, 503: _PROBLEM})
+    async def read(
+        self, job_id: FromPath[uuid.UUID], queue: NamedDependency[QueueServiceClient]
+    ) -> JobView:
+        """The job's full view."""
+        return await queue.get(job_id)

@@ -1,0 +1,28 @@
+"""`python -m services.queue`: serve the queue service."""
+
+from __future__ import annotations
+
+from common.logging import configure_logging
+from common.serving import serve
+from services.queue.app import create_app
+from services.queue.settings import QueueSettings
+
+
+def main() -> None:
+    """Read settings from the environment, configure logging and serve until SIGTERM/SIGINT.
+
+    On a signal, waiting claims answer 204 at once, in-flight requests get up to
+    `QUEUE_SHUTDOWN_GRACE` seconds, then the background loops and connections stop.
+    """
+    settings = QueueSettings()
+    configure_logging(settings.log_level, settings.log_format)
+    serve(
+        create_app(settings),
+        settings.queue_host,
+        settings.queue_port,
+        settings.queue_shutdown_grace,
+    )
+
+
+if __name__ == "__main__":
+    main()

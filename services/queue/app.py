@@ -1,0 +1,171 @@
+"""`create_app(settings)`: the queue service as a Litestar app, owning every resource it uses."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+from litestar import Litestar, Response, get
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from prometheus_client import CollectorRegistry
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from common.contracts import REQUEST_BODY_MAX_BYTES
+from common.errors import JobqError
+from common.web import exception_handlers, live, metrics_route, prometheus_config
+from services.queue.background import Reaper, Scheduler, every, refresh_depth
+from services.queue.depth import DepthCache
+from services.queue.metrics import QueueMetrics
+from services.queue.repository import JobRepository
+from services.queue.routes import JobController, queues
+from services.queue.service import QueueService
+from services.queue.settings import QueueSettings, async_database_url
+from services.queue.wakeup import WakeupHub, listen_forever
+
+logger = logging.getLogger(__name__)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def head_revision() -> str:
+    """The alembic head revision this code expects the database to be at."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    head = ScriptDirectory.from_config(config).get_current_head()
+    assert head is not None
+    return head
+
+
+@get("/health/ready", include_in_schema=False)
+async def ready(state: State) -> Response[dict[str, Any]]:
+    """Readiness: PostgreSQL answers and its schema is at this code's head revision.
+
+    Redis is reported but not required: it only accelerates depth reads.
+    """
+    checks: dict[str, Any] = {"redis": "ok" if await state.depth_cache.ping() else "unavailable"}
+    status = 200
+    try:
+        async with asyncio.timeout(2):
+            async with state.engine.connect() as conn:
+                revision = (
+                    await conn.execute(text("SELECT version_num FROM alembic_version"))
+                ).scalar_one_or_none()
+        if revision == state.head_revision:
+            checks["database"] = "ok"
+        else:
+            checks["database"] = f"schema at {revision}, expected {state.head_revision}: migrate"
+            status = 503
+    except Exception as exc:
+        checks["database"] = f"unavailable: {type(exc).__name__}"
+        status = 503
+    return Response(
+        {"status": "ok" if status == 200 else "unavailable", **checks}, status_code=status
+    )
+
+
+def create_app(settings: QueueSettings | None = None) -> Litestar:
+    """Build the queue service. Resources (engine, Redis, LISTEN connection, background loops)
+    are created in the lifespan and closed when the app stops."""
+    settings = settings or QueueSettings()
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = QueueMetrics(registry)
+    # Created here rather than in the lifespan so the server can signal them the moment a
+    # shutdown begins, before it waits for in-flight requests: waiting claims then end at once.
+    shutdown = asyncio.Event()
+    hub = WakeupHub()
+
+    def begin_shutdown() -> None:
+        shutdown.set()
+        hub.wake_all()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        engine = create_async_engine(
+            async_database_url(settings.database_url),
+            pool_size=settings.queue_db_pool_size,
+            max_overflow=0,
+            pool_pre_ping=False,
+            pool_timeout=10,
+            connect_args={
+                "command_timeout": 30,
+                "server_settings": {"application_name": "jobq-queue"},
+            },
+        )
+        redis_client = (
+            aioredis.from_url(settings.redis_url, socket_timeout=1, socket_connect_timeout=1)
+            if settings.redis_url
+            else None
+        )
+        shutdown.clear()
+        repository = JobRepository(engine)
+        depth_cache = DepthCache(redis_client, ttl=settings.queue_depth_interval * 3)
+        service = QueueService(repository, hub, settings, metrics, shutdown)
+        reaper, scheduler = Reaper(repository, metrics), Scheduler(repository)
+        app.state.update(
+            engine=engine, service=service, depth_cache=depth_cache, head_revision=head_revision()
+        )
+        dsn = settings.database_url.replace("postgresql+asyncpg://", "postgresql://")
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(listen_forever(dsn, hub, shutdown))
+                tasks.create_task(
+                    every("reaper", settings.queue_reaper_interval, reaper.sweep, shutdown)
+                )
+                tasks.create_task(
+                    every(
+                        "scheduler", settings.queue_scheduler_interval, scheduler.promote, shutdown
+                    )
+                )
+                tasks.create_task(
+                    every(
+                        "depth",
+                        settings.queue_depth_interval,
+                        lambda: refresh_depth(repository, depth_cache, metrics),
+                        shutdown,
+                    )
+                )
+                try:
+                    yield
+                finally:
+                    begin_shutdown()
+        finally:
+            await engine.dispose()
+            if redis_client is not None:
+                await redis_client.aclose()
+
+    def provide_service(state: State) -> QueueService:
+        service: QueueService = state.service
+        return service
+
+    def provide_depth_cache(state: State) -> DepthCache:
+        cache: DepthCache = state.depth_cache
+        return cache
+
+    return Litestar(
+        route_handlers=[JobController, queues, ready, live, metrics_route(registry)],
+        lifespan=[lifespan],
+        dependencies={
+            "service": Provide(provide_service, sync_to_thread=False),
+            "depth_cache": Provide(provide_depth_cache, sync_to_thread=False),
+        },
+        exception_handlers=exception_handlers(),
+        middleware=[prometheus_config("queue").middleware],
+        openapi_config=OpenAPIConfig(title="jobq queue service", version="0.1.0", path="/schema"),
+        request_max_body_size=REQUEST_BODY_MAX_BYTES,
+        state=State({"begin_shutdown": begin_shutdown}),
+        logging_config=None,
+        debug=False,
+    )
+
+
+__all__ = ["JobqError", "create_app", "head_revision"]

@@ -1,0 +1,91 @@
+"""The queue service's periodic work: reaper, scheduler and depth refresh.
+
+Every replica runs all three; each statement is safe to run concurrently (SKIP LOCKED), so
+replicas share the work without electing a leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from common.contracts import JobStatus
+from common.errors import JobqError
+from services.queue.depth import DepthCache
+from services.queue.metrics import QueueMetrics
+from services.queue.repository import JobRepository
+
+logger = logging.getLogger(__name__)
+
+BATCH = 500
+
+
+async def every(
+    name: str, interval: float, step: Callable[[], Awaitable[object]], shutdown: asyncio.Event
+) -> None:
+    """Run `step` every `interval` seconds until `shutdown` is set; a failing step is logged
+    and retried at the next tick, never fatal."""
+    while not shutdown.is_set():
+        try:
+            await step()
+        except (JobqError, OSError) as exc:
+            logger.warning("%s failed: %s", name, exc, extra={"event": f"{name}_failed"})
+        except Exception:
+            logger.exception("%s crashed; retrying", name, extra={"event": f"{name}_failed"})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(shutdown.wait(), timeout=interval)
+
+
+class Reaper:
+    """Returns expired leases to PENDING, or dead-letters jobs that are out of attempts."""
+
+    def __init__(self, repository: JobRepository, metrics: QueueMetrics) -> None:
+        self._repository = repository
+        self._metrics = metrics
+
+    async def sweep(self) -> int:
+        """Reap every expired lease, in batches; returns how many were reaped."""
+        total = 0
+        while True:
+            reaped = await self._repository.reap_expired(BATCH)
+            for job in reaped:
+                queue = self._metrics.queue_label(job.queue)
+                self._metrics.lease_expired.labels(queue).inc()
+                extra = {"event": "lease_expired", "job_id": str(job.id), "status": job.status}
+                if job.status is JobStatus.DEAD_LETTER:
+                    task = self._metrics.task_label(job.task_type)
+                    self._metrics.processed.labels(queue, task, "dead_letter").inc()
+                    logger.error("lease expired on the last attempt; dead-lettered", extra=extra)
+                else:
+                    logger.warning("lease expired; job is ready again", extra=extra)
+            total += len(reaped)
+            if len(reaped) < BATCH:
+                return total
+
+
+class Scheduler:
+    """Promotes due SCHEDULED jobs (delays, backoff) to PENDING and wakes claimers."""
+
+    def __init__(self, repository: JobRepository) -> None:
+        self._repository = repository
+
+    async def promote(self) -> int:
+        """Promote every due job, in batches; returns how many were promoted."""
+        total = 0
+        while True:
+            counts = await self._repository.promote_due(BATCH)
+            promoted = sum(counts.values())
+            total += promoted
+            if promoted < BATCH:
+                return total
+
+
+async def refresh_depth(
+    repository: JobRepository, cache: DepthCache, metrics: QueueMetrics
+) -> None:
+    """Read depth from PostgreSQL, publish it as gauges and cache it in Redis."""
+    rows = await repository.depth()
+    metrics.observe_depth(rows)
+    await cache.store(rows)

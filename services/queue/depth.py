@@ -1,0 +1,101 @@
+"""Queue depth, cached in Redis (an accelerator, never a dependency).
+
+`GET /queues` answers from the cache while it is fresh; with Redis down or the entry expired it
+counts in PostgreSQL instead and says so in `source`.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from common.contracts import JobStatus, QueueDepth
+from services.queue.repository import DepthRow, JobRepository
+
+logger = logging.getLogger(__name__)
+
+DEPTH_KEY = "jobq:depth"
+
+
+class _Snapshot(msgspec.Struct):
+    refreshed_at: datetime
+    queues: list[QueueDepth]
+
+
+def summarise(rows: list[DepthRow], source: str, refreshed_at: datetime) -> list[QueueDepth]:
+    """Fold (queue, status) rows into one `QueueDepth` per queue, sorted by queue name."""
+    by_queue: dict[str, dict[str, float]] = {}
+    for row in rows:
+        entry = by_queue.setdefault(row.queue, {})
+        entry[row.status.value] = row.count
+        if row.status is JobStatus.PENDING:
+            entry["age"] = row.oldest_age_seconds
+    return [
+        QueueDepth(
+            queue=queue,
+            pending=int(c.get(JobStatus.PENDING.value, 0)),
+            scheduled=int(c.get(JobStatus.SCHEDULED.value, 0)),
+            processing=int(c.get(JobStatus.PROCESSING.value, 0)),
+            dead_letter=int(c.get(JobStatus.DEAD_LETTER.value, 0)),
+            oldest_pending_age_seconds=float(c.get("age", 0.0)),
+            source=source,
+            refreshed_at=refreshed_at,
+        )
+        for queue, c in sorted(by_queue.items())
+    ]
+
+
+class DepthCache:
+    """Depth snapshots in Redis under `jobq:depth`, expiring after `ttl` seconds."""
+
+    def __init__(self, client: aioredis.Redis | None, ttl: float) -> None:
+        self._client = client
+        self._ttl_ms = max(1, int(ttl * 1000))
+
+    async def store(self, rows: list[DepthRow]) -> None:
+        """Cache a snapshot; a Redis failure is logged and otherwise ignored."""
+        if self._client is None:
+            return
+        snapshot = _Snapshot(datetime.now(UTC), summarise(rows, "redis", datetime.now(UTC)))
+        try:
+            await self._client.set(DEPTH_KEY, msgspec.json.encode(snapshot), px=self._ttl_ms)
+        except (RedisError, OSError) as exc:
+            logger.warning("redis unavailable: %s", exc, extra={"event": "redis_unavailable"})
+
+    async def load(self) -> list[QueueDepth] | None:
+        """The cached snapshot, or None when absent, expired, unreadable or Redis is down."""
+        if self._client is None:
+            return None
+        try:
+            raw = await self._client.get(DEPTH_KEY)
+        except (RedisError, OSError) as exc:
+            logger.warning("redis unavailable: %s", exc, extra={"event": "redis_unavailable"})
+            return None
+        if raw is None:
+            return None
+        try:
+            return msgspec.json.decode(raw, type=_Snapshot).queues
+        except msgspec.DecodeError:
+            return None
+
+    async def ping(self) -> bool:
+        """True when Redis answers PING (reported by readiness, never required by it)."""
+        if self._client is None:
+            return False
+        try:
+            return bool(await self._client.ping())
+        except (RedisError, OSError):
+            return False
+
+
+async def current_depth(repository: JobRepository, cache: DepthCache) -> list[QueueDepth]:
+    """Depth per queue: from the Redis cache when fresh, else counted in PostgreSQL."""
+    cached = await cache.load()
+    if cached is not None:
+        return cached
+    rows = await repository.depth()
+    return summarise(rows, "postgres", await repository.now())

@@ -1,0 +1,493 @@
+"""All SQL of the queue service: one method per operation, each one atomic statement.
+
+Rules that decide *what* to do live in `service.py`; this module only knows *how* to make
+PostgreSQL do it safely under concurrency. Driver errors are translated here into the
+`common.errors` family, so nothing above this module imports sqlalchemy or asyncpg.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.types import String
+
+from common.contracts import ERRORS_HISTORY_MAX, ErrorEntry, JobMessage, JobStatus, JobView
+from common.errors import ServiceUnavailable
+
+logger = logging.getLogger(__name__)
+
+WAKEUP_CHANNEL = "jobq_ready"
+"""LISTEN/NOTIFY channel; the payload is `<queue>:<number of jobs made ready>`."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A validated job ready to insert; `delay_seconds` > 0 makes it SCHEDULED."""
+
+    id: uuid.UUID
+    queue: str
+    task_type: str
+    payload: dict[str, Any]
+    priority: int
+    delay_seconds: float
+    max_attempts: int
+    timeout_seconds: int | None
+    idempotency_key: str | None
+    request_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExistingJob:
+    """The job an insert collided with (same id or same idempotency key)."""
+
+    id: uuid.UUID
+    status: JobStatus
+    request_hash: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """Outcome of an ack/fail: the job as it is now, and whether *this* call changed it."""
+
+    view: JobView
+    applied: bool
+    end_to_end_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    """One expired lease the reaper handled: the job's queue, task type and new status."""
+
+    id: uuid.UUID
+    queue: str
+    task_type: str
+    status: JobStatus
+
+
+@dataclass(frozen=True, slots=True)
+class DepthRow:
+    """Count of jobs in one (queue, status), with the oldest PENDING job's age in seconds."""
+
+    queue: str
+    status: JobStatus
+    count: int
+    oldest_age_seconds: float
+
+
+def _to_view(row: RowMapping) -> JobView:
+    return JobView(
+        id=row["id"],
+        queue=row["queue"],
+        task_type=row["task_type"],
+        payload=row["payload"],
+        status=JobStatus(row["status"]),
+        priority=row["priority"],
+        attempts=row["attempts"],
+        releases=row["releases"],
+        max_attempts=row["max_attempts"],
+        timeout_seconds=row["timeout_seconds"],
+        last_error=row["last_error"],
+        errors=msgspec.convert(row["errors"] or [], list[ErrorEntry], strict=False),
+        result=row["result"],
+        idempotency_key=row["idempotency_key"],
+        locked_by=row["locked_by"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        visible_at=row["visible_at"],
+        claimed_at=row["claimed_at"],
+        finished_at=row["finished_at"],
+        cancel_requested=row["cancel_requested"],
+    )
+
+
+_JOB_COLUMNS = (
+    "id, queue, task_type, payload, status, priority, attempts, releases, max_attempts, "
+    "timeout_seconds, last_error, errors, result, idempotency_key, locked_by, created_at, "
+    "updated_at, visible_at, claimed_at, finished_at, cancel_requested, lease_id"
+)
+
+_INSERT = text(
+    f"""
+    INSERT INTO job (id, queue, task_type, payload, status, priority, max_attempts,
+                     timeout_seconds, visible_at, idempotency_key, request_hash,
+                     created_at, updated_at)
+    VALUES (:id, :queue, :task_type, :payload,
+            CASE WHEN :delay > 0 THEN 'SCHEDULED' ELSE 'PENDING' END,
+            :priority, :max_attempts, :timeout_seconds,
+            statement_timestamp() + make_interval(secs => :delay),
+            :idempotency_key, :request_hash, statement_timestamp(), statement_timestamp())
+    -- No conflict target: a collision on the id (a replayed forward) or on the idempotency key
+    -- both mean "this job may exist already", which the caller resolves by reading it.
+    ON CONFLICT DO NOTHING
+    RETURNING {_JOB_COLUMNS}
+    """
+).bindparams(bindparam("payload", type_=JSONB))
+
+_FIND_EXISTING = text(
+    """
+    SELECT id, status, request_hash FROM job
+    WHERE id = :id OR (CAST(:idempotency_key AS text) IS NOT NULL
+                       AND idempotency_key = :idempotency_key)
+    ORDER BY (id = :id) DESC
+    LIMIT 1
+    """
+)
+
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
+
+_GET = text(f"SELECT {_JOB_COLUMNS} FROM job WHERE id = :id")
+
+_CLAIM = text(
+    f"""
+    WITH picked AS (
+        SELECT id FROM job
+        WHERE status = 'PENDING' AND queue = ANY(:queues)
+        -- Same order as ix_job_claim: best priority first, FIFO by (time-ordered) id.
+        ORDER BY priority DESC, id
+        LIMIT :max
+        -- Rows another claimer holds are skipped, not waited for: claimers never block
+        -- each other and never receive the same row.
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE job SET status = 'PROCESSING',
+                   attempts = job.attempts + 1,
+                   lease_id = gen_random_uuid(),
+                   locked_by = :worker,
+                   claimed_at = statement_timestamp(),
+                   visible_at = statement_timestamp() + make_interval(secs => :visibility_timeout),
+                   updated_at = statement_timestamp()
+    FROM picked WHERE job.id = picked.id
+    RETURNING {", ".join("job." + c.strip() for c in _JOB_COLUMNS.split(","))}
+    """
+).bindparams(bindparam("queues", type_=ARRAY(String)))
+
+_ACK = text(
+    f"""
+    UPDATE job SET status = 'COMPLETED',
+                   result = :result,
+                   locked_by = NULL,
+                   finished_at = statement_timestamp(),
+                   updated_at = statement_timestamp()
+    -- The receipt handle fences the settle: only the latest claim may complete the job.
+    WHERE id = :id AND lease_id = :lease_id AND status = 'PROCESSING'
+    RETURNING {_JOB_COLUMNS},
+              EXTRACT(EPOCH FROM statement_timestamp() - created_at)::float8 AS end_to_end
+    """
+).bindparams(bindparam("result", type_=JSONB))
+
+# Full jitter (AWS Architecture Blog, "Exponential Backoff And Jitter", 2015): the delay is
+# u · min(max, base · mult^min(attempt - 1, 30)), u uniform in (0, 1] bound from Python. The
+# exponent cap keeps attempt 10,000 finite. `retry_after` (the worker's own wish) wins.
+_FAIL = text(
+    f"""
+    WITH decided AS (
+        SELECT id,
+               (NOT :retryable OR attempts - releases >= max_attempts) AS dead,
+               jsonb_build_object('attempt', attempts, 'at', statement_timestamp(),
+                                  'error', CAST(:error AS text)) AS entry
+        FROM job
+        WHERE id = :id AND lease_id = :lease_id AND status = 'PROCESSING'
+        FOR UPDATE
+    )
+    UPDATE job SET
+        status = CASE WHEN decided.dead THEN 'DEAD_LETTER' ELSE 'SCHEDULED' END,
+        visible_at = CASE WHEN decided.dead THEN job.visible_at
+                     ELSE statement_timestamp() + make_interval(secs => COALESCE(
+                         CAST(:retry_after AS float8),
+                         :jitter * LEAST(:max_delay,
+                                         :base_delay * power(:multiplier,
+                                                             LEAST(job.attempts - 1, 30))))) END,
+        finished_at = CASE WHEN decided.dead THEN statement_timestamp() END,
+        last_error = :error,
+        -- Keep the newest entries only, so a job failing forever cannot grow without bound.
+        errors = CASE WHEN jsonb_array_length(job.errors) >= {ERRORS_HISTORY_MAX}
+                      THEN (job.errors - 0) || jsonb_build_array(decided.entry)
+                      ELSE job.errors || jsonb_build_array(decided.entry) END,
+        locked_by = NULL,
+        updated_at = statement_timestamp()
+    FROM decided WHERE job.id = decided.id
+    RETURNING {", ".join("job." + c.strip() for c in _JOB_COLUMNS.split(","))}
+    """
+)
+
+_REAP = text(
+    """
+    WITH expired AS (
+        SELECT id FROM job
+        WHERE status = 'PROCESSING' AND visible_at < statement_timestamp()
+        ORDER BY visible_at
+        LIMIT :batch
+        -- A row being acked right now is locked: skip it rather than wait, and the outer
+        -- WHERE re-checks status and expiry on the row as it is after any such ack.
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE job SET
+        status = CASE WHEN job.attempts - job.releases >= job.max_attempts
+                      THEN 'DEAD_LETTER' ELSE 'PENDING' END,
+        finished_at = CASE WHEN job.attempts - job.releases >= job.max_attempts
+                           THEN statement_timestamp() END,
+        -- Expired jobs are ready at once: the expiry consumed the attempt.
+        visible_at = statement_timestamp(),
+        last_error = 'lease expired: no ack, fail or heartbeat within the visibility timeout',
+        errors = CASE WHEN jsonb_array_length(job.errors) >= :history
+                      THEN job.errors - 0 ELSE job.errors END
+                 || jsonb_build_array(jsonb_build_object(
+                        'attempt', job.attempts, 'at', statement_timestamp(),
+                        'error', 'lease expired')),
+        -- The lost lease's receipt handle must no longer settle the job.
+        lease_id = NULL,
+        locked_by = NULL,
+        updated_at = statement_timestamp()
+    FROM expired
+    WHERE job.id = expired.id AND job.status = 'PROCESSING'
+      AND job.visible_at < statement_timestamp()
+    RETURNING job.id, job.queue, job.task_type, job.status
+    """
+)
+
+_PROMOTE = text(
+    """
+    WITH due AS (
+        SELECT id FROM job
+        WHERE status = 'SCHEDULED' AND visible_at <= statement_timestamp()
+        ORDER BY visible_at
+        LIMIT :batch
+        -- Several queue-service replicas promote concurrently; each takes different rows.
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE job SET status = 'PENDING', updated_at = statement_timestamp()
+    FROM due WHERE job.id = due.id AND job.status = 'SCHEDULED'
+    RETURNING job.queue
+    """
+)
+
+_DEPTH = text(
+    """
+    SELECT queue, status, count(*) AS count,
+           COALESCE(EXTRACT(EPOCH FROM max(statement_timestamp() - visible_at)
+                                       FILTER (WHERE status = 'PENDING')), 0)::float8 AS oldest_age
+    FROM job
+    WHERE status IN ('PENDING', 'SCHEDULED', 'PROCESSING', 'DEAD_LETTER')
+    GROUP BY queue, status
+    """
+)
+
+
+@contextlib.asynccontextmanager
+async def _translated() -> AsyncIterator[None]:
+    """Turn "database unreachable" driver errors into `ServiceUnavailable` (HTTP 503)."""
+    try:
+        yield
+    except (OperationalError, InterfaceError, OSError, TimeoutError) as exc:
+        logger.warning("database unavailable: %s", exc, extra={"event": "database_unavailable"})
+        raise ServiceUnavailable("the database is unavailable; retry shortly") from exc
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise ServiceUnavailable("the database connection was lost; retry shortly") from exc
+        raise
+
+
+class JobRepository:
+    """PostgreSQL access for jobs, over one SQLAlchemy `AsyncEngine` (asyncpg driver)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncConnection]:
+        async with _translated(), self._engine.begin() as conn:
+            yield conn
+
+    async def ping(self) -> None:
+        """Run `SELECT 1`; raises ServiceUnavailable when the database does not answer."""
+        async with self._transaction() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    async def insert(self, job: NewJob) -> JobView | None:
+        """Insert `job` and, when it is ready now, notify waiting claimers in the same
+        transaction. Returns the new job, or None when its id or idempotency key exists."""
+        async with self._transaction() as conn:
+            result = await conn.execute(
+                _INSERT,
+                {
+                    "id": job.id,
+                    "queue": job.queue,
+                    "task_type": job.task_type,
+                    "payload": job.payload,
+                    "priority": job.priority,
+                    "delay": float(job.delay_seconds),
+                    "max_attempts": job.max_attempts,
+                    "timeout_seconds": job.timeout_seconds,
+                    "idempotency_key": job.idempotency_key,
+                    "request_hash": job.request_hash,
+                },
+            )
+            row = result.mappings().first()
+            if row is None:
+                return None
+            view = _to_view(row)
+            if view.status is JobStatus.PENDING:
+                await conn.execute(
+                    _NOTIFY, {"channel": WAKEUP_CHANNEL, "payload": f"{job.queue}:1"}
+                )
+            return view
+
+    async def find_existing(
+        self, job_id: uuid.UUID, idempotency_key: str | None
+    ) -> ExistingJob | None:
+        """The job holding this id or idempotency key (the id first), or None."""
+        async with self._transaction() as conn:
+            result = await conn.execute(
+                _FIND_EXISTING, {"id": job_id, "idempotency_key": idempotency_key}
+            )
+            row = result.mappings().first()
+        if row is None:
+            return None
+        return ExistingJob(row["id"], JobStatus(row["status"]), row["request_hash"])
+
+    async def get(self, job_id: uuid.UUID) -> tuple[JobView, uuid.UUID | None] | None:
+        """The job and its current receipt handle (lease id), or None."""
+        async with self._transaction() as conn:
+            row = (await conn.execute(_GET, {"id": job_id})).mappings().first()
+        return None if row is None else (_to_view(row), row["lease_id"])
+
+    async def claim(
+        self, queues: Sequence[str], worker: str, max_jobs: int, visibility_timeout: int
+    ) -> list[JobMessage]:
+        """Claim up to `max_jobs` PENDING jobs from `queues` in one statement.
+
+        Each claimed job becomes PROCESSING with `attempts + 1`, a new receipt handle and a
+        lease ending `visibility_timeout` seconds from now (database time). Returns them in
+        claim order (priority descending, then id).
+        """
+        async with self._transaction() as conn:
+            result = await conn.execute(
+                _CLAIM,
+                {
+                    "queues": list(queues),
+                    "worker": worker,
+                    "max": max_jobs,
+                    "visibility_timeout": visibility_timeout,
+                },
+            )
+            rows = result.mappings().all()
+        messages = [
+            JobMessage(
+                id=row["id"],
+                task_type=row["task_type"],
+                payload=row["payload"],
+                attempts=row["attempts"],
+                max_attempts=row["max_attempts"],
+                timeout_seconds=row["timeout_seconds"],
+                receipt_handle=row["lease_id"],
+                visibility_timeout=visibility_timeout,
+                visible_at=row["visible_at"],
+                idempotency_key=row["idempotency_key"],
+            )
+            for row in rows
+        ]
+        order = {row["id"]: (-row["priority"], row["id"]) for row in rows}
+        messages.sort(key=lambda m: order[m.id])
+        return messages
+
+    async def ack(self, job_id: uuid.UUID, lease_id: uuid.UUID, result: Any) -> Settled | None:
+        """Complete the job if `lease_id` is its current lease; None when nothing changed."""
+        async with self._transaction() as conn:
+            row = (
+                (await conn.execute(_ACK, {"id": job_id, "lease_id": lease_id, "result": result}))
+                .mappings()
+                .first()
+            )
+        if row is None:
+            return None
+        return Settled(_to_view(row), applied=True, end_to_end_seconds=row["end_to_end"])
+
+    async def fail(
+        self,
+        job_id: uuid.UUID,
+        lease_id: uuid.UUID,
+        *,
+        error: str,
+        retryable: bool,
+        retry_after: float | None,
+        jitter: float,
+        base_delay: float,
+        multiplier: float,
+        max_delay: float,
+    ) -> Settled | None:
+        """Record a failed attempt if `lease_id` is current: SCHEDULED after a jittered backoff
+        (seconds), or DEAD_LETTER when not retryable or out of attempts. None when stale."""
+        async with self._transaction() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        _FAIL,
+                        {
+                            "id": job_id,
+                            "lease_id": lease_id,
+                            "error": error,
+                            "retryable": retryable,
+                            "retry_after": retry_after,
+                            "jitter": jitter,
+                            "base_delay": base_delay,
+                            "multiplier": multiplier,
+                            "max_delay": max_delay,
+                        },
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        return None if row is None else Settled(_to_view(row), applied=True)
+
+    async def reap_expired(self, batch: int = 500) -> list[Reaped]:
+        """Return up to `batch` expired leases to PENDING, or DEAD_LETTER when out of attempts."""
+        async with self._transaction() as conn:
+            rows = (
+                (await conn.execute(_REAP, {"batch": batch, "history": ERRORS_HISTORY_MAX}))
+                .mappings()
+                .all()
+            )
+        return [Reaped(r["id"], r["queue"], r["task_type"], JobStatus(r["status"])) for r in rows]
+
+    async def promote_due(self, batch: int = 500) -> dict[str, int]:
+        """Promote up to `batch` due SCHEDULED jobs to PENDING and notify claimers, in one
+        transaction. Returns how many were promoted per queue."""
+        async with self._transaction() as conn:
+            rows = (await conn.execute(_PROMOTE, {"batch": batch})).all()
+            counts: dict[str, int] = {}
+            for (queue,) in rows:
+                counts[queue] = counts.get(queue, 0) + 1
+            for queue, count in counts.items():
+                await conn.execute(
+                    _NOTIFY, {"channel": WAKEUP_CHANNEL, "payload": f"{queue}:{count}"}
+                )
+        return counts
+
+    async def depth(self) -> list[DepthRow]:
+        """Counts of live and dead-lettered jobs per (queue, status)."""
+        async with self._transaction() as conn:
+            rows = (await conn.execute(_DEPTH)).mappings().all()
+        return [
+            DepthRow(r["queue"], JobStatus(r["status"]), r["count"], r["oldest_age"]) for r in rows
+        ]
+
+    async def now(self) -> datetime:
+        """The database's clock (`statement_timestamp()`), which decides every visibility."""
+        async with self._transaction() as conn:
+            value: datetime = (
+                await conn.execute(text("SELECT statement_timestamp()"))
+            ).scalar_one()
+        return value

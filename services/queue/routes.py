@@ -1,0 +1,131 @@
+"""HTTP routes of the queue service: thin handlers that decode, call QueueService, encode."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import Any
+
+from litestar import Controller, Request, Response, get, post
+from litestar.datastructures import State
+from litestar.di import NamedDependency
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import FromPath, JSONBody
+
+from common.contracts import (
+    AckRequest,
+    ClaimRequest,
+    ClaimResponse,
+    EnqueueRequest,
+    FailRequest,
+    JobView,
+    QueuesResponse,
+    SubmitJobResponse,
+)
+from services.queue.depth import DepthCache, current_depth
+from services.queue.service import QueueService
+
+_PROBLEM = ResponseSpec(data_container=dict[str, Any], description="Problem details (RFC 9457)")
+
+
+class JobController(Controller):
+    """Submit, inspect and settle jobs; `POST /jobs/next` is the worker's long-polling claim."""
+
+    path = "/jobs"
+    tags = ["jobs"]
+
+    @post(
+        "/",
+        status_code=202,
+        summary="Create a job (or replay a submit)",
+        responses={
+            200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
+            409: _PROBLEM,
+            413: _PROBLEM,
+            422: _PROBLEM,
+        },
+    )
+    async def submit(
+        self, data: JSONBody[EnqueueRequest], service: NamedDependency[QueueService]
+    ) -> Response[SubmitJobResponse]:
+        """Create the job; `jobId`, when given, makes a retried forward a replay."""
+        submitted = await service.enqueue(data)
+        return Response(
+            submitted.response,
+            status_code=202 if submitted.created else 200,
+            headers={"Location": f"/jobs/{submitted.response.job_id}"},
+        )
+
+    @get("/{job_id:uuid}", summary="Read a job", responses={404: _PROBLEM})
+    async def read(
+        self, job_id: FromPath[uuid.UUID], service: NamedDependency[QueueService]
+    ) -> JobView:
+        """The job's full view."""
+        return await service.get(job_id)
+
+    @post(
+        "/next",
+        status_code=200,
+        summary="Claim jobs (long poll)",
+        responses={204: ResponseSpec(None, description="No job arrived within waitSeconds")},
+    )
+    async def claim(
+        self,
+        data: JSONBody[ClaimRequest],
+        service: NamedDependency[QueueService],
+        request: Request[Any, Any, State],
+    ) -> Response[ClaimResponse | None]:
+        """Claim up to `max` jobs; waits up to `waitSeconds` for one without holding a
+        database connection. A client that disconnects while waiting gets nothing claimed."""
+        disconnected = asyncio.ensure_future(request.receive())
+        try:
+            jobs = await service.claim(data, disconnected)
+        finally:
+            disconnected.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await disconnected
+        if not jobs:
+            return Response(None, status_code=204)
+        return Response(ClaimResponse(jobs=jobs), status_code=200)
+
+    @post(
+        "/{job_id:uuid}/ack",
+        status_code=200,
+        summary="Complete a job",
+        responses={404: _PROBLEM, 409: _PROBLEM},
+    )
+    async def ack(
+        self,
+        job_id: FromPath[uuid.UUID],
+        data: JSONBody[AckRequest],
+        service: NamedDependency[QueueService],
+    ) -> JobView:
+        """Complete the job, fenced by its receipt handle; a replay returns the current view."""
+        return await service.ack(job_id, data)
+
+    @post(
+        "/{job_id:uuid}/fail",
+        status_code=200,
+        summary="Fail an attempt",
+        responses={404: _PROBLEM, 409: _PROBLEM},
+    )
+    async def fail(
+        self,
+        job_id: FromPath[uuid.UUID],
+        data: JSONBody[FailRequest],
+        service: NamedDependency[QueueService],
+    ) -> JobView:
+        """Record a failed attempt: retried after a jittered backoff, or dead-lettered."""
+        return await service.fail(job_id, data)
+
+
+@get("/queues", tags=["queues"], summary="Queue depth")
+async def queues(
+    service: NamedDependency[QueueService], depth_cache: NamedDependency[DepthCache]
+) -> QueuesResponse:
+    """Per-queue counts (from the Redis cache when fresh, else PostgreSQL; see `source`)."""
+    return QueuesResponse(queues=await current_depth(service.repository, depth_cache))
+
+
+__all__ = ["JobController", "queues"]

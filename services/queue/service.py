@@ -1,0 +1,237 @@
+"""The queue's rules: enqueue with replay, long-poll claims, fenced acks and fails.
+
+SQL lives in `repository.py`; this module decides what each request means (which status code,
+which settle is a replay, how long to wait) and keeps the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from common.contracts import (
+    ERROR_MAX_BYTES,
+    RESULT_MAX_BYTES,
+    AckRequest,
+    ClaimRequest,
+    EnqueueRequest,
+    FailRequest,
+    JobMessage,
+    JobStatus,
+    JobView,
+    SubmitJobResponse,
+)
+from common.errors import (
+    IdempotencyConflict,
+    JobNotFound,
+    ServiceUnavailable,
+    StaleReceiptHandle,
+)
+from common.hashing import request_hash
+from common.ids import new_job_id
+from common.text import sanitize_result, sanitize_text
+from common.validation import check_payload
+from services.queue.metrics import QueueMetrics
+from services.queue.repository import JobRepository, NewJob, Settled
+from services.queue.settings import QueueSettings
+from services.queue.wakeup import WakeupHub
+
+logger = logging.getLogger(__name__)
+
+_INSERT_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A submit's answer: the response body and whether a new job was created (202 vs 200)."""
+
+    response: SubmitJobResponse
+    created: bool
+
+
+def _outcome(status: JobStatus) -> str:
+    match status:
+        case JobStatus.COMPLETED:
+            return "success"
+        case JobStatus.SCHEDULED | JobStatus.PENDING:
+            return "retry"
+        case JobStatus.DEAD_LETTER:
+            return "dead_letter"
+        case JobStatus.CANCELLED:
+            return "cancelled"
+        case JobStatus.PROCESSING:
+            return "processing"
+
+
+class QueueService:
+    """Queue operations over a `JobRepository`, with long polling through a `WakeupHub`."""
+
+    def __init__(
+        self,
+        repository: JobRepository,
+        hub: WakeupHub,
+        settings: QueueSettings,
+        metrics: QueueMetrics,
+        shutdown: asyncio.Event,
+    ) -> None:
+        self.repository = repository
+        self._hub = hub
+        self._settings = settings
+        self._metrics = metrics
+        self._shutdown = shutdown
+
+    async def enqueue(self, request: EnqueueRequest) -> Submitted:
+        """Create the job, or recognise a replay of one created before.
+
+        A replay is the same job id (a retried forward) or the same idempotency key with the
+        same request hash: the existing job's id and current status, `created=False`.
+        Raises PayloadTooLarge/InvalidInput for a payload that cannot be stored,
+        IdempotencyConflict when the key belongs to a different request.
+        """
+        check_payload(request.payload)
+        fingerprint = request_hash(request)
+        job = NewJob(
+            id=request.job_id or new_job_id(),
+            queue=request.queue,
+            task_type=request.task_type,
+            payload=request.payload,
+            priority=request.priority,
+            delay_seconds=request.delay_seconds,
+            max_attempts=request.max_attempts or self._settings.queue_max_attempts,
+            timeout_seconds=request.timeout_seconds,
+            idempotency_key=request.idempotency_key,
+            request_hash=fingerprint,
+        )
+        # Insert, then read in a new statement; a concurrent twin may commit between the two,
+        # and retention may delete the row we collided with, so try again a few times.
+        for _ in range(_INSERT_ATTEMPTS):
+            view = await self.repository.insert(job)
+            if view is not None:
+                self._metrics.enqueued.labels(
+                    self._metrics.queue_label(view.queue), self._metrics.task_label(view.task_type)
+                ).inc()
+                logger.debug(
+                    "job enqueued", extra={"event": "job_enqueued", "job_id": str(view.id)}
+                )
+                return Submitted(SubmitJobResponse(job_id=view.id, status=view.status), True)
+            existing = await self.repository.find_existing(job.id, job.idempotency_key)
+            if existing is None:
+                continue
+            if existing.request_hash != fingerprint:
+                what = (
+                    f"job id {job.id}"
+                    if existing.id == job.id
+                    else f"idempotency key {job.idempotency_key!r}"
+                )
+                raise IdempotencyConflict(
+                    f"{what} is already used by job {existing.id} with a different request"
+                )
+            return Submitted(SubmitJobResponse(job_id=existing.id, status=existing.status), False)
+        raise ServiceUnavailable("could not settle a concurrent submission; retry")
+
+    async def get(self, job_id: uuid.UUID) -> JobView:
+        """The job's view; raises JobNotFound."""
+        found = await self.repository.get(job_id)
+        if found is None:
+            raise JobNotFound(f"no job has id {job_id}")
+        return found[0]
+
+    async def claim(
+        self, request: ClaimRequest, disconnected: asyncio.Future[Any] | None = None
+    ) -> list[JobMessage]:
+        """Claim up to `request.max` jobs, long-polling up to `request.wait_seconds`.
+
+        Returns as soon as at least one job is claimed; an empty list when none arrived in
+        time, when the service is shutting down, or when the client went away (`disconnected`
+        completed), in which case nothing is claimed for it.
+        """
+        visibility = request.visibility_timeout or self._settings.queue_visibility_timeout
+        deadline = time.monotonic() + request.wait_seconds
+        while True:
+            started = time.perf_counter()
+            jobs = await self.repository.claim(
+                request.queues, request.worker, request.max, visibility
+            )
+            self._metrics.claim_duration.observe(time.perf_counter() - started)
+            if jobs:
+                self._metrics.claim_batch_size.observe(len(jobs))
+                return jobs
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._shutdown.is_set():
+                break
+            if disconnected is not None and disconnected.done():
+                break
+            extra = (disconnected,) if disconnected is not None else ()
+            await self._hub.wait(
+                request.queues, min(self._settings.queue_poll_interval, remaining), *extra
+            )
+            if self._shutdown.is_set() or (disconnected is not None and disconnected.done()):
+                break
+        self._metrics.empty_claims.inc()
+        return []
+
+    async def ack(self, job_id: uuid.UUID, request: AckRequest) -> JobView:
+        """Complete the job. A replay of an applied settle returns the current view.
+
+        Raises JobNotFound, or StaleReceiptHandle when the handle is not the job's latest.
+        """
+        result = sanitize_result(request.result, RESULT_MAX_BYTES)
+        settled = await self.repository.ack(job_id, request.receipt_handle, result)
+        if settled is None:
+            return await self._replay_or_stale(job_id, request.receipt_handle)
+        self._record(settled)
+        return settled.view
+
+    async def fail(self, job_id: uuid.UUID, request: FailRequest) -> JobView:
+        """Record a failed attempt: SCHEDULED with jittered backoff, or DEAD_LETTER.
+
+        Raises JobNotFound, or StaleReceiptHandle when the handle is not the job's latest.
+        """
+        settings = self._settings
+        settled = await self.repository.fail(
+            job_id,
+            request.receipt_handle,
+            error=sanitize_text(request.error, ERROR_MAX_BYTES) or "(no error text)",
+            retryable=request.retryable,
+            retry_after=request.retry_after_seconds,
+            # u in (0, 1]: a zero delay would put every failed job back at once.
+            jitter=1.0 - random.random(),
+            base_delay=settings.queue_retry_base_delay,
+            multiplier=settings.queue_retry_multiplier,
+            max_delay=settings.queue_retry_max_delay,
+        )
+        if settled is None:
+            return await self._replay_or_stale(job_id, request.receipt_handle)
+        self._record(settled)
+        return settled.view
+
+    async def _replay_or_stale(self, job_id: uuid.UUID, handle: uuid.UUID) -> JobView:
+        found = await self.repository.get(job_id)
+        if found is None:
+            raise JobNotFound(f"no job has id {job_id}")
+        view, lease_id = found
+        if lease_id == handle and view.status is not JobStatus.PROCESSING:
+            return view
+        raise StaleReceiptHandle(
+            f"receipt handle {handle} is not the latest for job {job_id}: the lease was lost "
+            "and the job was handed out again or settled"
+        )
+
+    def _record(self, settled: Settled) -> None:
+        view = settled.view
+        queue = self._metrics.queue_label(view.queue)
+        task = self._metrics.task_label(view.task_type)
+        outcome = _outcome(view.status)
+        self._metrics.processed.labels(queue, task, outcome).inc()
+        if settled.end_to_end_seconds is not None:
+            self._metrics.end_to_end.labels(queue, task).observe(settled.end_to_end_seconds)
+        log_extra = {"event": f"job_{outcome}", "job_id": str(view.id), "attempt": view.attempts}
+        if view.status is JobStatus.DEAD_LETTER:
+            logger.error("job dead-lettered: %s", view.last_error, extra=log_extra)
+        elif outcome == "retry":
+            logger.warning("job will retry: %s", view.last_error, extra=log_extra)

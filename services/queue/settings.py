@@ -1,0 +1,60 @@
+"""Queue service settings (environment variables of DESIGN.md §5)."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from common.settings import BaseServiceSettings, Duration, Port
+
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/jobq"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def async_database_url(url: str) -> str:
+    """Return `url` with the asyncpg driver SQLAlchemy needs (`postgresql+asyncpg://…`)."""
+    for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+asyncpg://" + url[len(prefix) :]
+    raise ValueError(f"DATABASE_URL must start with postgresql://, got {url.split(':', 1)[0]!r}")
+
+
+class QueueSettings(BaseServiceSettings):
+    """Everything the queue service reads from its environment.
+
+    Durations are seconds (accepting `500ms`, `5m`, `14d`); `redis_url` may be empty to run
+    without the depth cache.
+    """
+
+    database_url: str = DEFAULT_DATABASE_URL
+    redis_url: str = DEFAULT_REDIS_URL
+    queue_host: str = "127.0.0.1"
+    queue_port: Port = 8081
+    queue_db_pool_size: int = Field(default=10, ge=1, le=200)
+    queue_max_attempts: int = Field(default=5, ge=1, le=100)
+    queue_visibility_timeout: int = Field(default=30, ge=1, le=43_200)
+    queue_retry_base_delay: Duration = 5.0
+    queue_retry_multiplier: float = Field(default=2.0, ge=1.0, le=100.0)
+    queue_retry_max_delay: Duration = 300.0
+    queue_reaper_interval: Duration = 5.0
+    queue_scheduler_interval: Duration = 0.1
+    queue_depth_interval: Duration = 2.0
+    queue_poll_interval: Duration = 0.25
+    queue_shutdown_grace: Duration = 10.0
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, value: str) -> str:
+        async_database_url(value)
+        return value
+
+    @field_validator(
+        "queue_reaper_interval",
+        "queue_scheduler_interval",
+        "queue_depth_interval",
+        "queue_poll_interval",
+    )
+    @classmethod
+    def _positive_interval(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("an interval must be greater than zero")
+        return value

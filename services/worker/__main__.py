@@ -1,0 +1,79 @@
+"""`python -m services.worker`: one worker replica."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import httpx
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from common.http import make_client
+from common.logging import configure_logging
+from services.worker.app import EmbeddedServer, create_app
+from services.worker.client import QueueClient
+from services.worker.metrics import WorkerMetrics
+from services.worker.processors import build_registry
+from services.worker.runner import Worker
+from services.worker.settings import WorkerSettings
+
+logger = logging.getLogger("services.worker")
+
+
+async def run(settings: WorkerSettings) -> None:
+    """Run the worker until SIGTERM/SIGINT, then drain (see `Worker.run`)."""
+    shutdown = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shutdown.set)
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = WorkerMetrics(registry, settings.worker_concurrency)
+    # Webhook traffic ignores proxy variables: a proxy would resolve the destination itself and
+    # bypass the private-address guard.
+    outbound = httpx.AsyncClient(
+        trust_env=False, follow_redirects=False, timeout=settings.webhook_timeout
+    )
+    async with make_client(settings.queue_service_url) as queue_http, outbound:
+        processors = build_registry(settings, outbound)
+        worker = Worker(
+            settings, QueueClient(queue_http, settings.worker_name), processors, metrics
+        )
+        server = None
+        if settings.worker_metrics_port:
+            config = uvicorn.Config(
+                create_app(registry, queue_http),
+                host=settings.worker_metrics_host,
+                port=settings.worker_metrics_port,
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+            )
+            server = EmbeddedServer(config)
+        logger.info(
+            "worker %s serving queues %s with %d slot(s); processors: %s",
+            settings.worker_name,
+            ",".join(settings.worker_queues),
+            settings.worker_concurrency,
+            ", ".join(processors.task_types()),
+            extra={"event": "worker_started"},
+        )
+        async with asyncio.TaskGroup() as tasks:
+            if server is not None:
+                tasks.create_task(server.serve())
+            await worker.run(shutdown)
+            if server is not None:
+                server.should_exit = True
+    logger.info("worker stopped", extra={"event": "worker_stopped"})
+
+
+def main() -> None:
+    """Entry point: settings from the environment, JSON or text logs, then `run`."""
+    settings = WorkerSettings()
+    configure_logging(settings.log_level, settings.log_format)
+    asyncio.run(run(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Prometheus metrics of a worker replica (DESIGN.md §6)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+from common.metrics import BoundedLabel
+
+_JOB_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+
+
+class WorkerMetrics:
+    """Every worker metric, on `registry`."""
+
+    def __init__(self, registry: CollectorRegistry, slots: int, label_limit: int = 100) -> None:
+        self.registry = registry
+        self.task_label = BoundedLabel(label_limit)
+        self.job_duration = Histogram(
+            "jobq_worker_job_duration_seconds",
+            "Processor run time by task type and outcome (success|retry|dead_letter|lost).",
+            ["task_type", "outcome"],
+            buckets=_JOB_BUCKETS,
+            registry=registry,
+        )
+        self.claim_to_settle = Histogram(
+            "jobq_worker_claim_to_settle_seconds",
+            "Claim received to settle acknowledged.",
+            buckets=_JOB_BUCKETS,
+            registry=registry,
+        )
+        self.active_jobs = Gauge(
+            "jobq_worker_active_jobs", "Jobs this worker is running now.", registry=registry
+        )
+        self.slots = Gauge(
+            "jobq_worker_slots", "Jobs this worker may run at once.", registry=registry
+        )
+        self.slots.set(slots)

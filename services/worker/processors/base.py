@@ -1,0 +1,75 @@
+"""What a processor is, what it receives, and how it asks for a retry or gives up.
+
+A processor is an async callable taking a `JobContext` and returning a JSON-serialisable result
+(stored on the job) or None. Delivery is at-least-once: a processor may run more than once for
+the same job, so it must be idempotent; `JobContext.id` and `idempotency_key` are stable
+across attempts and are what to deduplicate on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    """One claimed attempt: the job's id, task type, payload and attempt number (1-based)."""
+
+    id: uuid.UUID
+    task_type: str
+    payload: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    idempotency_key: str | None
+
+
+Processor = Callable[[JobContext], Awaitable[Any]]
+"""`async def process(job: JobContext) -> result | None`."""
+
+
+class Retry(Exception):
+    """Raise to fail this attempt as retryable, optionally after `after` seconds (else backoff).
+
+    Source: arq's `Retry(defer=…)`, pgqueuer's `RetryRequested`.
+    """
+
+    def __init__(self, reason: str = "retry requested", *, after: float | None = None) -> None:
+        super().__init__(reason)
+        self.after = after
+
+
+class NonRetryable(Exception):
+    """Raise to dead-letter the job at once: retrying cannot help (bad payload, 4xx, …)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A processor and its default timeout in seconds (None: the worker's default)."""
+
+    processor: Processor
+    timeout_seconds: float | None = None
+
+
+class ProcessorRegistry:
+    """Processors by `taskType`. Extend it without touching the worker loop: list a module in
+    `WORKER_PROCESSOR_MODULES`; the worker imports it and calls its `register(registry)`."""
+
+    def __init__(self) -> None:
+        self._by_task_type: dict[str, Registration] = {}
+
+    def register(
+        self, task_type: str, processor: Processor, *, timeout_seconds: float | None = None
+    ) -> None:
+        """Register `processor` for `task_type`, replacing any earlier one."""
+        self._by_task_type[task_type] = Registration(processor, timeout_seconds)
+
+    def get(self, task_type: str) -> Registration | None:
+        """The registration for `task_type`, or None when no processor handles it."""
+        return self._by_task_type.get(task_type)
+
+    def task_types(self) -> list[str]:
+        """Registered task types, sorted."""
+        return sorted(self._by_task_type)

@@ -1,0 +1,310 @@
+"""The `webhook` processor: POST a job's JSON body to a URL, once per attempt.
+
+Payload (a JSON object; other keys are refused so a typo does not silently drop a setting):
+
+    {"url": "https://example.com/hook",   # required, http or https
+     "body": <any JSON>,                    # optional, default null; sent as the request body
+     "headers": {"X-Name": "value"},        # optional, printable-ASCII values
+     "timeoutSeconds": 10}                  # optional, 0 < t <= 300, else WEBHOOK_TIMEOUT
+
+Each attempt sends `Idempotency-Key: <job id>` so the receiver can deduplicate retries of the same
+job (the header convention of Stripe's API and the IETF draft "The Idempotency-Key HTTP Header
+Field"). Outcomes: 2xx → `{"status": code}`; 5xx, 408 and 429 → `Retry` (honouring a numeric
+`Retry-After` on 429/503, RFC 9110 §10.2.3); any other status → `NonRetryable`; network errors and
+timeouts → `Retry`. Redirects are not followed: a 3xx could point the request at an internal
+address after the destination check.
+
+SSRF guard (OWASP Server-Side Request Forgery Prevention Cheat Sheet, "deny private and reserved
+addresses"): the host is resolved first and the job is refused if any address is not publicly
+routable, unless the host is listed in `WEBHOOK_ALLOWED_HOSTS`. httpx resolves the name again when
+it connects, so a DNS answer that changes between the two lookups (DNS rebinding) is not caught
+here; closing that gap needs a check at connect time in the HTTP client's transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import math
+import re
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import httpx
+
+from services.worker.processors.base import JobContext, NonRetryable, Retry
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+"""`async (host, port) -> [address, ...]`; raises OSError when the name does not resolve."""
+
+MAX_TIMEOUT_SECONDS: Final = 300.0
+MAX_RETRY_AFTER_SECONDS: Final = 3600.0
+_PAYLOAD_KEYS: Final = frozenset({"url", "body", "headers", "timeoutSeconds"})
+# Headers the processor owns; framing headers are included because overriding them would make
+# httpx send a malformed request.
+_RESERVED_HEADERS: Final = frozenset(
+    {"idempotency-key", "content-type", "host", "content-length", "transfer-encoding", "connection"}
+)
+_HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 §5.6.2 token
+_HEADER_VALUE: Final = re.compile(r"[\t\x20-\x7e]*")
+_RETRY_AFTER: Final = re.compile(r"\d+(?:\.\d+)?")
+_SNIPPET_BYTES: Final = 512
+_IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+_NAT64: Final = ipaddress.ip_network("64:ff9b::/96")
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookRequest:
+    """A validated payload: where to POST, the encoded JSON body, extra headers, timeout (s)."""
+
+    url: httpx.URL
+    body: bytes
+    headers: dict[str, str]
+    timeout: float | None
+
+
+class WebhookProcessor:
+    """POSTs `payload.body` to `payload.url`; see the module docstring for shapes and outcomes.
+
+    `http` is shared and owned by the caller; `allowed_hosts` are hostnames or IP literals
+    (case-insensitive, brackets optional for IPv6) exempt from the SSRF guard; `default_timeout`
+    is in seconds. `resolver` replaces DNS in tests.
+    """
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        allowed_hosts: Sequence[str],
+        default_timeout: float,
+        *,
+        resolver: Resolver | None = None,
+    ) -> None:
+        self._http = http
+        self._allowed_hosts = list(allowed_hosts)
+        self._default_timeout = default_timeout
+        self._resolve = resolver or resolve_host
+
+    async def __call__(self, job: JobContext) -> dict[str, Any]:
+        """Deliver one attempt; returns `{"status": code}` or raises Retry / NonRetryable."""
+        request = parse_webhook_payload(job.payload)
+        timeout = request.timeout or self._default_timeout
+        host = request.url.host
+        if not is_allowed_host(host, self._allowed_hosts):
+            port = request.url.port or (443 if request.url.scheme == "https" else 80)
+            try:
+                async with asyncio.timeout(timeout):
+                    addresses = await self._resolve(request.url.raw_host.decode("ascii"), port)
+            except OSError as exc:  # socket.gaierror, and TimeoutError from asyncio.timeout
+                raise Retry(f"cannot resolve webhook host {host!r}: {exc!r}") from exc
+            check_destination(host, addresses, self._allowed_hosts)
+        headers = {
+            **request.headers,
+            "Content-Type": "application/json",
+            "Idempotency-Key": str(job.id),
+        }
+        try:
+            async with self._http.stream(
+                "POST",
+                request.url,
+                content=request.body,
+                headers=headers,
+                timeout=timeout,
+                follow_redirects=False,
+            ) as response:
+                code = response.status_code
+                snippet = "" if 200 <= code < 300 else await _read_snippet(response)
+        except httpx.TransportError as exc:
+            raise Retry(f"webhook to {host} failed: {type(exc).__name__}: {exc}") from exc
+        raise_for_status(code, response.headers, snippet)
+        return {"status": code}
+
+
+async def resolve_host(host: str, port: int) -> list[str]:
+    """All addresses `host` resolves to for a TCP connection on `port`, deduplicated."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def parse_webhook_payload(payload: Mapping[str, Any]) -> WebhookRequest:
+    """Validate the payload (shape in the module docstring); raises NonRetryable when bad."""
+    unknown = sorted(set(payload) - _PAYLOAD_KEYS)
+    if unknown:
+        raise NonRetryable(
+            f"webhook payload has unknown keys {unknown}; allowed: url, body, "
+            "headers, timeoutSeconds"
+        )
+    return WebhookRequest(
+        url=_parse_url(payload.get("url")),
+        body=_encode_body(payload.get("body")),
+        headers=_parse_headers(payload.get("headers")),
+        timeout=_parse_timeout(payload.get("timeoutSeconds")),
+    )
+
+
+def _parse_url(value: object) -> httpx.URL:
+    if not isinstance(value, str) or not value:
+        raise NonRetryable("webhook payload needs `url`, a non-empty string")
+    try:
+        url = httpx.URL(value)
+    except httpx.InvalidURL as exc:
+        raise NonRetryable(f"webhook `url` is not a valid URL: {exc}") from exc
+    if url.scheme not in ("http", "https"):
+        raise NonRetryable(f"webhook `url` must be http or https, not {url.scheme or 'relative'}")
+    if not url.host:
+        raise NonRetryable("webhook `url` has no host")
+    return url
+
+
+def _encode_body(body: object) -> bytes:
+    try:
+        text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise NonRetryable(f"webhook `body` is not JSON-serialisable: {exc}") from exc
+    return text.encode("utf-8")
+
+
+def _parse_headers(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise NonRetryable("webhook `headers` must be an object of string to string")
+    headers: dict[str, str] = {}
+    for name, header_value in value.items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise NonRetryable(f"webhook header name {name!r} is not a valid HTTP token")
+        if name.lower() in _RESERVED_HEADERS:
+            raise NonRetryable(f"webhook header {name!r} is set by jobq and cannot be overridden")
+        if not isinstance(header_value, str) or not _HEADER_VALUE.fullmatch(header_value):
+            raise NonRetryable(f"webhook header {name!r} needs a printable-ASCII string value")
+        headers[name] = header_value
+    return headers
+
+
+def _parse_timeout(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise NonRetryable("webhook `timeoutSeconds` must be a number")
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_SECONDS:
+        raise NonRetryable(f"webhook `timeoutSeconds` must be > 0 and <= {MAX_TIMEOUT_SECONDS:g}")
+    return float(value)
+
+
+def is_allowed_host(host: str, allowed_hosts: Iterable[str]) -> bool:
+    """Whether `host` is listed, comparing case-insensitively and ignoring IPv6 brackets."""
+    wanted = _normalise_host(host)
+    return any(_normalise_host(entry) == wanted for entry in allowed_hosts)
+
+
+def _normalise_host(host: str) -> str:
+    return host.strip().lower().removeprefix("[").removesuffix("]")
+
+
+def check_destination(host: str, addresses: list[str], allowed_hosts: Iterable[str]) -> None:
+    """Refuse a webhook to `host` unless every address it resolved to is publicly routable.
+
+    `host` is as written in the URL; `addresses` are textual IPs (IPv6 may carry a `%scope`).
+    Listed hosts pass without looking at addresses. Raises NonRetryable naming the host, the
+    offending address and why; an empty or unparsable address list is refused (fail closed).
+    Source: OWASP SSRF Prevention Cheat Sheet (deny-list of non-public ranges, check every
+    resolved address).
+    """
+    if is_allowed_host(host, allowed_hosts):
+        return
+    if not addresses:
+        raise NonRetryable(f"refusing webhook to {host!r}: it resolved to no addresses")
+    for address in addresses:
+        reason = _non_public_reason(address)
+        if reason is not None:
+            raise NonRetryable(
+                f"refusing webhook to {host!r}: it resolves to {address} ({reason}); "
+                "list the host in WEBHOOK_ALLOWED_HOSTS to allow it"
+            )
+
+
+def _non_public_reason(address: str) -> str | None:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return "not an IP address"
+    reason = _classify(ip)
+    if reason is None:
+        for label, embedded in _embedded_ipv4(ip):
+            inner = _classify(embedded)
+            if inner is not None:
+                return f"{label} {embedded} is {inner}"
+    return reason
+
+
+def _embedded_ipv4(ip: _IPAddress) -> list[tuple[str, ipaddress.IPv4Address]]:
+    # IPv6 forms that carry an IPv4 address a gateway or the kernel may connect to instead.
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return []
+    found: list[tuple[str, ipaddress.IPv4Address]] = []
+    if ip.ipv4_mapped is not None:
+        found.append(("IPv4-mapped", ip.ipv4_mapped))
+    if ip.sixtofour is not None:
+        found.append(("6to4", ip.sixtofour))
+    if ip.teredo is not None:
+        found.append(("Teredo client", ip.teredo[1]))
+    if ip in _NAT64:
+        found.append(("NAT64", ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)))
+    return found
+
+
+def _classify(ip: _IPAddress) -> str | None:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return None  # judged by its embedded IPv4 address
+    checks = (
+        (ip.is_unspecified, "unspecified"),
+        (ip.is_loopback, "loopback"),
+        (ip.is_link_local, "link-local"),
+        (ip.is_multicast, "multicast"),
+        (isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local, "site-local"),
+        (ip.is_private, "private"),
+        (ip.is_reserved, "reserved"),
+        # e.g. 100.64.0.0/10 shared address space, where some clouds keep metadata services
+        (not ip.is_global, "not globally routable"),
+    )
+    return next((reason for flagged, reason in checks if flagged), None)
+
+
+def raise_for_status(code: int, headers: httpx.Headers, snippet: str = "") -> None:
+    """Map a non-2xx status to Retry (5xx, 408, 429) or NonRetryable (the rest).
+
+    The message always contains the code; `snippet` (start of the response body) is appended.
+    """
+    if 200 <= code < 300:
+        return
+    detail = f"webhook answered {code}" + (f": {snippet}" if snippet else "")
+    if 500 <= code < 600 or code in (408, 429):
+        after = retry_after_seconds(headers) if code in (429, 503) else None
+        raise Retry(detail, after=after)
+    raise NonRetryable(detail)
+
+
+def retry_after_seconds(headers: httpx.Headers) -> float | None:
+    """A numeric `Retry-After` in seconds, capped at one hour; None if absent or an HTTP-date."""
+    value = headers.get("retry-after", "").strip()
+    if not _RETRY_AFTER.fullmatch(value):
+        return None
+    return min(float(value), MAX_RETRY_AFTER_SECONDS)
+
+
+async def _read_snippet(response: httpx.Response) -> str:
+    # Only the start of an error body is worth keeping, and reading all of it could be unbounded.
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in response.aiter_bytes():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size >= _SNIPPET_BYTES:
+                break
+    except httpx.HTTPError:
+        pass  # the status decides the outcome; a broken error body must not change it
+    text = b"".join(chunks)[:_SNIPPET_BYTES].decode("utf-8", "replace")
+    return " ".join(text.split())[:200]

@@ -1,0 +1,72 @@
+"""Worker settings (environment variables of DESIGN.md §5)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
+
+from common.contracts import CLAIM_MAX, NAME_PATTERN, WAIT_SECONDS_MAX
+from common.settings import BaseServiceSettings, Duration, Port
+
+
+def _default_worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"[:200]
+
+
+CommaList = Annotated[list[str], NoDecode]
+
+
+class WorkerSettings(BaseServiceSettings):
+    """Everything a worker replica reads from its environment.
+
+    List settings are comma-separated (`WORKER_QUEUES=default,email`).
+    """
+
+    queue_service_url: str = "http://127.0.0.1:8081"
+    worker_name: str = Field(default_factory=_default_worker_name, min_length=1, max_length=200)
+    worker_queues: CommaList = ["default"]
+    worker_concurrency: int = Field(default=4, ge=1, le=CLAIM_MAX)
+    worker_wait_seconds: float = Field(default=20, ge=0, le=WAIT_SECONDS_MAX)
+    worker_visibility_timeout: int | None = Field(default=None, ge=1, le=43_200)
+    worker_shutdown_grace: Duration = 25.0
+    worker_job_timeout: Duration = 900.0
+    worker_metrics_host: str = "0.0.0.0"
+    worker_metrics_port: Port = 9100
+    worker_processor_modules: CommaList = []
+    smtp_host: str = "127.0.0.1"
+    smtp_port: Port = 2525
+    smtp_sender: str = "jobq@localhost"
+    smtp_timeout: Duration = 10.0
+    webhook_allowed_hosts: CommaList = []
+    webhook_timeout: Duration = 10.0
+
+    @field_validator(
+        "worker_queues", "worker_processor_modules", "webhook_allowed_hosts", mode="before"
+    )
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("worker_queues")
+    @classmethod
+    def _queue_names(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("WORKER_QUEUES needs at least one queue")
+        bad = [q for q in value if not re.match(NAME_PATTERN, q)]
+        if bad:
+            raise ValueError(f"not queue names: {bad} (pattern {NAME_PATTERN})")
+        return value
+
+    @field_validator("worker_job_timeout")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("WORKER_JOB_TIMEOUT must be greater than zero")
+        return value

@@ -1,0 +1,162 @@
+"""Shared fixtures: real PostgreSQL and Redis, found or started by `infra.servers`.
+
+The schema is migrated once (by alembic, as in production) into a template database; the
+session's test database is a copy of it, and each test that uses it starts from an empty
+`job` table. A missing server is a test *failure* with the install hint, never a skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from infra.servers import ServerUnavailable, ensure_postgres, ensure_redis
+from services.queue.repository import JobRepository
+from services.queue.settings import async_database_url
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def _admin(base_url: str, *statements: str) -> None:
+    connection = await asyncpg.connect(f"{base_url}/postgres")
+    try:
+        for statement in statements:
+            await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+def migrate(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the alembic CLI against `database_url` (default: upgrade head); raises on failure."""
+    command = list(args) or ["upgrade", "head"]
+    return subprocess.run(
+        [sys.executable, "-m", "alembic", *command],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def postgres_base() -> str:
+    """`postgresql://user@host:port` of a server the tests may create databases on."""
+    try:
+        return ensure_postgres()
+    except ServerUnavailable as exc:
+        pytest.fail(f"integration tests need PostgreSQL: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """`redis://host:port/15`: a Redis database the tests own."""
+    try:
+        return ensure_redis().rstrip("/") + "/15"
+    except ServerUnavailable as exc:
+        pytest.fail(f"integration tests need Redis: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+async def template_database(postgres_base: str) -> AsyncIterator[str]:
+    """A database migrated to head once per session, used only as a template."""
+    name = f"jobq_template_{os.getpid()}"
+    await _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}"', f'CREATE DATABASE "{name}"')
+    try:
+        migrate(f"{postgres_base}/{name}")
+        yield name
+    finally:
+        await _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+async def database_url(postgres_base: str, template_database: str) -> AsyncIterator[str]:
+    """URL of this session's test database, a copy of the migrated template."""
+    name = f"jobq_test_{os.getpid()}"
+    await _admin(
+        postgres_base,
+        f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
+        f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"',
+    )
+    try:
+        yield f"{postgres_base}/{name}"
+    finally:
+        await _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def clean_database(database_url: str) -> str:
+    """The test database with an empty job table."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute("TRUNCATE job")
+    finally:
+        await connection.close()
+    return database_url
+
+
+@pytest.fixture
+async def engine(clean_database: str) -> AsyncIterator[AsyncEngine]:
+    """An async engine on the clean test database, with room for 20 concurrent connections."""
+    engine = create_async_engine(async_database_url(clean_database), pool_size=20, max_overflow=0)
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
+def repository(engine: AsyncEngine) -> JobRepository:
+    """The queue service's repository on the clean test database."""
+    return JobRepository(engine)
+
+
+@pytest.fixture
+def fresh_database_name(postgres_base: str) -> Iterator[str]:
+    """A name for an empty database a test creates and drops itself."""
+    yield f"jobq_scratch_{os.getpid()}"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """Serve `app` with a real uvicorn server on a free loopback port, in this event loop, and
+    yield an httpx client for it; the server (and the app's lifespan) stops on exit."""
+    import uvicorn
+
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+    server = uvicorn.Server(config)
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve())
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        deadline = time.monotonic() + 15
+        while not server.started:
+            if task.done() or time.monotonic() > deadline:
+                task.result()
+                raise AssertionError("the test server did not start")
+            await asyncio.sleep(0.02)
+        try:
+            yield client
+        finally:
+            server.should_exit = True
+            await task

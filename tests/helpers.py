@@ -1,0 +1,69 @@
+"""Small helpers shared by the test tiers: job factories and polling with deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TypeVar
+
+from common.contracts import SubmitJobRequest
+from common.hashing import request_hash
+from common.ids import new_job_id
+from services.queue.repository import JobRepository, NewJob
+
+T = TypeVar("T")
+
+
+def new_job(
+    task_type: str = "noop",
+    queue: str = "default",
+    *,
+    priority: int = 0,
+    delay: float = 0,
+    max_attempts: int = 5,
+    payload: dict[str, object] | None = None,
+) -> NewJob:
+    """A valid NewJob with a fresh id."""
+    body = payload if payload is not None else {"n": 1}
+    request = SubmitJobRequest(task_type=task_type, payload=body, queue=queue, priority=priority)
+    return NewJob(
+        id=new_job_id(),
+        queue=queue,
+        task_type=task_type,
+        payload=body,
+        priority=priority,
+        delay_seconds=delay,
+        max_attempts=max_attempts,
+        timeout_seconds=None,
+        idempotency_key=None,
+        request_hash=request_hash(request),
+    )
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    accept: Callable[[T], bool],
+    *,
+    within: float = 15.0,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> T:
+    """Poll `probe` until `accept(value)`; fail with the last value after `within` seconds."""
+    deadline = time.monotonic() + within
+    value = await probe()
+    while not accept(value):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {within}s; last value: {value!r}")
+        await asyncio.sleep(interval)
+        value = await probe()
+    return value
+
+
+async def wait_past(repository: JobRepository, moment: str, within: float = 15.0) -> None:
+    """Wait until the database clock is past `moment` (an RFC 3339 timestamp)."""
+    target = datetime.fromisoformat(moment)
+    await eventually(
+        repository.now, lambda now: now > target, within=within, what=f"database time {moment}"
+    )

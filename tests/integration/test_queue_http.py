@@ -1,0 +1,151 @@
+"""The queue service's HTTP surface: submit, replay, problem details, long polling, depth."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from common.ids import new_job_id
+from services.queue.app import create_app
+from services.queue.repository import JobRepository
+from services.queue.settings import QueueSettings
+from tests.conftest import serving
+
+
+@pytest.fixture
+async def client(clean_database: str, redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    settings = QueueSettings(
+        database_url=clean_database, redis_url=redis_url, queue_depth_interval=0.2
+    )
+    async with serving(create_app(settings)) as client:
+        yield client
+
+
+async def count_jobs(repository: JobRepository) -> int:
+    return sum(row.count for row in await repository.depth())
+
+
+async def test_submit_then_read(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        "/jobs", json={"taskType": "email", "payload": {"to": "a@example.com"}}
+    )
+    assert response.status_code == 202
+    job_id = response.json()["jobId"]
+    assert response.json()["status"] == "PENDING"
+    assert response.headers["location"] == f"/jobs/{job_id}"
+
+    view = (await client.get(f"/jobs/{job_id}")).json()
+    assert view["payload"] == {"to": "a@example.com"}
+    assert view["queue"] == "default" and view["maxAttempts"] == 5 and view["attempts"] == 0
+
+
+async def test_forward_with_the_same_job_id_is_a_replay(
+    client: httpx.AsyncClient, repository: JobRepository
+) -> None:
+    body = {"taskType": "noop", "payload": {"a": 1}, "jobId": str(new_job_id())}
+    first = await client.post("/jobs", json=body)
+    second = await client.post("/jobs", json=body)
+    assert first.status_code == 202 and second.status_code == 200
+    assert first.json() == second.json()
+    assert await count_jobs(repository) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "pointer"),
+    [
+        ({"taskType": "x", "payload": [1]}, 422, "/payload"),
+        ({"taskType": "x", "payload": {}, "delay_seconds": 1}, 422, "/delay_seconds"),
+        ({"taskType": "x", "payload": {}, "priority": 5000}, 422, "/priority"),
+        ({"taskType": "Bad Name", "payload": {}}, 422, "/taskType"),
+        ({"taskType": "x", "payload": {"a": {"b": "nul\u0000"}}}, 422, "/payload/a/b"),
+        ({"taskType": "x", "payload": {"big": "x" * 300_000}}, 413, "/payload"),
+    ],
+)
+async def test_bad_input_is_a_problem_and_stores_nothing(
+    client: httpx.AsyncClient,
+    repository: JobRepository,
+    body: dict[str, Any],
+    status: int,
+    pointer: str,
+) -> None:
+    response = await client.post("/jobs", json=body)
+
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    problem = response.json()
+    assert problem["status"] == status and problem["type"].startswith("urn:jobq:problem:")
+    assert pointer in [error["pointer"] for error in problem["errors"]]
+    assert await count_jobs(repository) == 0
+
+
+async def test_malformed_json_and_unknown_routes_are_problems(client: httpx.AsyncClient) -> None:
+    malformed = await client.post(
+        "/jobs", content=b'{"taskType": "x",', headers={"content-type": "application/json"}
+    )
+    assert malformed.status_code == 400
+    assert malformed.json()["type"] == "urn:jobq:problem:malformed-request"
+
+    missing = await client.get("/nowhere")
+    assert missing.status_code == 404 and missing.json()["status"] == 404
+    unknown_job = await client.get(f"/jobs/{new_job_id()}")
+    assert unknown_job.status_code == 404
+    assert unknown_job.json()["type"] == "urn:jobq:problem:job-not-found"
+
+
+async def test_long_poll_returns_when_a_job_arrives(client: httpx.AsyncClient) -> None:
+    poll = asyncio.create_task(
+        client.post("/jobs/next", json={"worker": "w", "queues": ["default"], "waitSeconds": 10})
+    )
+    await asyncio.sleep(0.3)
+    assert not poll.done()
+    started = time.monotonic()
+    submitted = await client.post("/jobs", json={"taskType": "noop", "payload": {}})
+
+    response = await asyncio.wait_for(poll, timeout=5)
+
+    assert response.status_code == 200
+    assert response.json()["jobs"][0]["id"] == submitted.json()["jobId"]
+    assert time.monotonic() - started < 5
+
+
+async def test_long_poll_with_nothing_to_claim_answers_204(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        "/jobs/next", json={"worker": "w", "queues": ["default"], "waitSeconds": 0.5}
+    )
+    assert response.status_code == 204
+
+
+async def test_queue_depth_and_metrics(client: httpx.AsyncClient) -> None:
+    for _ in range(3):
+        await client.post("/jobs", json={"taskType": "noop", "payload": {}, "queue": "q1"})
+    await client.post(
+        "/jobs", json={"taskType": "noop", "payload": {}, "queue": "q1", "delaySeconds": 600}
+    )
+
+    async def depth() -> dict[str, Any]:
+        queues = (await client.get("/queues")).json()["queues"]
+        return next((q for q in queues if q["queue"] == "q1"), {})
+
+    deadline = time.monotonic() + 10
+    entry = await depth()
+    while entry.get("pending") != 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        entry = await depth()
+    assert entry["pending"] == 3 and entry["scheduled"] == 1
+    assert entry["source"] in ("redis", "postgres")
+
+    metrics = (await client.get("/metrics")).text
+    assert 'jobq_enqueued_total{queue="q1",task_type="noop"} 4.0' in metrics
+    assert 'jobq_jobs{queue="q1",status="PENDING"} 3.0' in metrics
+
+
+async def test_health(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/health/live")).status_code == 200
+    ready = await client.get("/health/ready")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["database"] == "ok"

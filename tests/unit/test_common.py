@@ -1,0 +1,144 @@
+"""Pure logic in `common`: durations, sizes, sanitising, hashing, ids, labels, problems."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.contracts import SubmitJobRequest
+from common.errors import InvalidInput, JobqError, PayloadTooLarge, StaleReceiptHandle, from_problem
+from common.hashing import request_hash
+from common.ids import new_job_id
+from common.metrics import OTHER, BoundedLabel
+from common.settings import parse_duration, parse_size
+from common.text import sanitize_result, sanitize_text
+from common.validation import check_payload
+from common.web import _pointer
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30", 30.0),
+        ("0.5", 0.5),
+        ("500ms", 0.5),
+        ("30s", 30.0),
+        ("5m", 300.0),
+        ("12h", 43200.0),
+        ("14d", 1_209_600.0),
+        (7, 7.0),
+    ],
+)
+def test_parse_duration(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["-1", "1y", "", "nan", "inf", float("nan"), -3, True, "5 minutes"])
+def test_parse_duration_rejects(bad: object) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def test_parse_size() -> None:
+    assert parse_size("256KiB") == 262_144
+    assert parse_size("8MiB") == 8 * 1024 * 1024
+    assert parse_size(1024) == 1024
+    with pytest.raises(ValueError):
+        parse_size("1.5MiB")
+
+
+@given(st.text())
+def test_sanitized_text_is_storable_and_bounded(text: str) -> None:
+    clean = sanitize_text(text, 64)
+    assert "\x00" not in clean
+    encoded = clean.encode("utf-8")  # raises on a lone surrogate
+    assert len(encoded) <= 64
+
+
+def test_sanitize_replaces_nul_and_surrogates_and_truncates() -> None:
+    assert sanitize_text("a\x00b\ud800c", 100) == "a\ufffdb\ufffdc"
+    long = sanitize_text("é" * 10_000, 100)
+    assert long.endswith("…[truncated]") and len(long.encode()) <= 100
+
+
+def test_sanitize_result_keeps_small_results_and_stubs_large_ones() -> None:
+    assert sanitize_result({"k": "v\x00"}, 1000) == {"k": "v\ufffd"}
+    stub = sanitize_result({"k": "x" * 5000}, 1000)
+    assert stub["truncated"] is True and stub["bytes"] > 1000
+    assert len(msgspec.json.encode(stub)) <= 1000
+
+
+def test_request_hash_ignores_key_order_and_equals_explicit_defaults() -> None:
+    a = SubmitJobRequest(task_type="t", payload={"a": 1, "b": {"c": 2, "d": 3}})
+    b = msgspec.json.decode(
+        b'{"payload":{"b":{"d":3,"c":2},"a":1},"taskType":"t","queue":"default","priority":0,'
+        b'"delaySeconds":0}',
+        type=SubmitJobRequest,
+    )
+    assert request_hash(a) == request_hash(b)
+    assert request_hash(a) != request_hash(SubmitJobRequest(task_type="t", payload={"a": 2}))
+    assert request_hash(a) != request_hash(
+        SubmitJobRequest(task_type="t", payload={"a": 1, "b": {"c": 2, "d": 3}}, max_attempts=5)
+    )
+
+
+def test_job_ids_are_uuid7_and_increasing() -> None:
+    ids = [new_job_id() for _ in range(10_000)]
+    assert all(i.version == 7 for i in ids)
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+def test_bounded_label_caps_distinct_values() -> None:
+    label = BoundedLabel(limit=2)
+    assert [label("a"), label("b"), label("c"), label("a"), label("Bad Name")] == [
+        "a",
+        "b",
+        OTHER,
+        "a",
+        OTHER,
+    ]
+
+
+def test_check_payload_points_at_the_problem() -> None:
+    with pytest.raises(InvalidInput) as nul:
+        check_payload({"a": [1, {"b/c": "x\x00"}]})
+    assert nul.value.errors[0]["pointer"] == "/payload/a/1/b~1c"
+
+    deep: dict[str, object] = {}
+    cursor = deep
+    for _ in range(40):
+        cursor["d"] = {}
+        cursor = cursor["d"]  # type: ignore[assignment]
+    with pytest.raises(InvalidInput, match="nesting"):
+        check_payload(deep)
+
+    with pytest.raises(PayloadTooLarge):
+        check_payload({"x": "y" * 300_000})
+    check_payload({"ok": [1, 2.5, None, True, {"nested": "text"}]})
+
+
+def test_problem_details_round_trip() -> None:
+    error = StaleReceiptHandle("handle h is not the latest")
+    rebuilt = from_problem(error.to_problem("/jobs/1/ack"), 409)
+    assert type(rebuilt) is StaleReceiptHandle and rebuilt.detail == error.detail
+    unknown = from_problem({"type": "about:blank", "title": "Teapot"}, 418)
+    assert type(unknown) is JobqError and "418" in str(unknown)
+    assert type(from_problem("not json", 502)) is JobqError
+
+
+def test_msgspec_paths_become_json_pointers() -> None:
+    assert _pointer("$.jobs[0].payload") == "/jobs/0/payload"
+    assert _pointer(".priority") == "/priority"
+    assert _pointer("") == ""
+
+
+def test_backoff_bounds_are_finite_for_huge_attempts() -> None:
+    # The fail statement caps the exponent at 30; mirror the arithmetic here.
+    base, multiplier, cap = 5.0, 2.0, 300.0
+    for attempt in (1, 2, 10, 31, 10_000):
+        ceiling = min(cap, base * multiplier ** min(attempt - 1, 30))
+        assert math.isfinite(ceiling) and 0 < ceiling <= cap

@@ -1,0 +1,56 @@
+"""Environment variables are validated at start-up, with the variable named."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from services.queue.settings import QueueSettings, async_database_url
+from services.worker.settings import WorkerSettings
+
+
+def test_durations_and_lists_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUEUE_REAPER_INTERVAL", "500ms")
+    monkeypatch.setenv("QUEUE_RETRY_MAX_DELAY", "5m")
+    monkeypatch.setenv("WORKER_QUEUES", "default, email")
+    monkeypatch.setenv("WEBHOOK_ALLOWED_HOSTS", "localhost,127.0.0.1")
+
+    assert QueueSettings().queue_reaper_interval == 0.5
+    assert QueueSettings().queue_retry_max_delay == 300
+    worker = WorkerSettings()
+    assert worker.worker_queues == ["default", "email"]
+    assert worker.webhook_allowed_hosts == ["localhost", "127.0.0.1"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("QUEUE_REAPER_INTERVAL", "soon"),
+        ("QUEUE_SCHEDULER_INTERVAL", "0"),
+        ("QUEUE_VISIBILITY_TIMEOUT", "0"),
+        ("DATABASE_URL", "mysql://x"),
+    ],
+)
+def test_bad_queue_settings_fail_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValidationError, match=variable.lower()):
+        QueueSettings()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("WORKER_QUEUES", "Bad Queue"), ("WORKER_CONCURRENCY", "0"), ("WORKER_METRICS_PORT", "70000")],
+)
+def test_bad_worker_settings_fail(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValidationError, match=variable.lower()):
+        WorkerSettings()
+
+
+def test_database_url_gets_the_asyncpg_driver() -> None:
+    assert async_database_url("postgresql://u@h/db") == "postgresql+asyncpg://u@h/db"
+    assert async_database_url("postgres://u@h/db") == "postgresql+asyncpg://u@h/db"
