@@ -35,9 +35,7 @@ class WakeupHub:
         for queue in names:
             self._waiters.setdefault(queue, deque()).append(future)
         try:
-            await asyncio.wait(
-                {future, *also}, timeout=within, return_when=asyncio.FIRST_COMPLETED
-            )
+            await asyncio.wait({future, *also}, timeout=within, return_when=asyncio.FIRST_COMPLETED)
         finally:
             future.cancel()
             for queue in names:

@@ -12,6 +12,8 @@ import logging
 import time
 from typing import Any
 
+import msgspec
+
 from common.contracts import JobMessage
 from common.errors import JobqError, StaleReceiptHandle
 from services.worker.client import QueueClient
@@ -178,7 +180,10 @@ class Worker:
     ) -> None:
         duration = time.monotonic() - started
         try:
-            await self._client.ack(job.id, job.receipt_handle, result)
+            # Whatever the processor returned must reach the queue: values JSON cannot hold
+            # (datetimes are fine; sets, headers, custom objects) are sent as their text.
+            storable = msgspec.to_builtins(result, enc_hook=str)
+            await self._client.ack(job.id, job.receipt_handle, storable)
         except StaleReceiptHandle as exc:
             self._lost(job, exc, task_label, duration)
             return

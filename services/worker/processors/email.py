@@ -85,7 +85,7 @@ class EmailProcessor:
         except (aiosmtplib.SMTPException, OSError) as exc:  # OSError covers TimeoutError
             raise Retry(f"SMTP {self._host}:{self._port} failed: {exc!r}") from exc
         result: dict[str, Any] = {
-            "messageId": message["Message-ID"],
+            "messageId": str(message["Message-ID"]),
             "recipients": [r for r in request.recipients if r not in refused],
         }
         if refused:
