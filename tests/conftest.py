@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -23,10 +22,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from infra.servers import ServerUnavailable, ensure_postgres, ensure_redis
+from infra.stack import ROOT, free_port
 from services.queue.repository import JobRepository
 from services.queue.settings import async_database_url
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 async def _admin(base_url: str, *statements: str) -> None:
@@ -125,16 +123,6 @@ def repository(engine: AsyncEngine) -> JobRepository:
 def fresh_database_name(postgres_base: str) -> Iterator[str]:
     """A name for an empty database a test creates and drops itself."""
     yield f"jobq_scratch_{os.getpid()}"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.asynccontextmanager

@@ -11,8 +11,9 @@ import httpx
 import pytest
 from litestar import Litestar, Request, Response, post
 
+from infra.stack import LocalStack
 from tests.conftest import serving
-from tests.e2e.conftest import Stack, wait_for_status
+from tests.e2e.conftest import wait_for_status
 
 
 class Receiver:
@@ -39,7 +40,7 @@ async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
 
 
 @pytest.fixture
-async def producer(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+async def producer(stack: LocalStack) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=stack.producer, timeout=10) as client:
         yield client
 
@@ -53,7 +54,7 @@ async def submit(producer: httpx.AsyncClient, body: dict[str, Any]) -> str:
 
 
 async def test_webhook_job_delivers_its_payload_and_completes(
-    stack: Stack, producer: httpx.AsyncClient, receiver: tuple[Receiver, str]
+    stack: LocalStack, producer: httpx.AsyncClient, receiver: tuple[Receiver, str]
 ) -> None:
     recorder, url = receiver
     body = {"order": 42, "items": ["a", "b"], "note": "héllo"}
@@ -69,7 +70,7 @@ async def test_webhook_job_delivers_its_payload_and_completes(
 
 
 async def test_webhook_answered_400_is_dead_lettered(
-    stack: Stack, producer: httpx.AsyncClient, receiver: tuple[Receiver, str]
+    stack: LocalStack, producer: httpx.AsyncClient, receiver: tuple[Receiver, str]
 ) -> None:
     recorder, url = receiver
     recorder.status = 400
@@ -82,7 +83,9 @@ async def test_webhook_answered_400_is_dead_lettered(
     assert view["attempts"] == 1, "a non-retryable failure must not be retried"
 
 
-async def test_email_job_lands_in_the_smtp_sink(stack: Stack, producer: httpx.AsyncClient) -> None:
+async def test_email_job_lands_in_the_smtp_sink(
+    stack: LocalStack, producer: httpx.AsyncClient
+) -> None:
     subject = f"hi {time.time_ns()}"
     job_id = await submit(
         producer,
@@ -100,7 +103,7 @@ async def test_email_job_lands_in_the_smtp_sink(stack: Stack, producer: httpx.As
 
 
 async def test_unknown_task_type_is_retried_then_dead_lettered(
-    stack: Stack, producer: httpx.AsyncClient
+    stack: LocalStack, producer: httpx.AsyncClient
 ) -> None:
     job_id = await submit(producer, {"taskType": "mystery", "payload": {}, "maxAttempts": 3})
 
