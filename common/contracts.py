@@ -33,6 +33,8 @@ ERROR_MAX_BYTES = 8 * 1024
 RESULT_MAX_BYTES = 256 * 1024
 ERRORS_HISTORY_MAX = 10
 WORKER_NAME_MAX = 200
+REDRIVE_LIMIT_MAX = 10_000_000
+REDRIVE_BATCH = 500
 
 Name = Annotated[
     str,
@@ -201,6 +203,46 @@ class FailRequest(_Wire):
     error: str
     retryable: bool = True
     retry_after_seconds: RetryAfterSeconds | None = None
+
+
+class HeartbeatRequest(_Wire):
+    """`POST /jobs/{id}/heartbeat` (SQS ChangeMessageVisibility): extend the lease to
+    `visibility_timeout` seconds from now; 0 releases the job."""
+
+    receipt_handle: uuid.UUID
+    visibility_timeout: HeartbeatVisibilityTimeout
+
+
+class HeartbeatResponse(_Wire):
+    """The lease as it is now; `cancel_requested` tells the worker to stop the processor."""
+
+    visible_at: datetime
+    visibility_timeout: int
+    cancel_requested: bool
+    status: JobStatus
+
+
+class CancelledRequest(_Wire):
+    """`POST /jobs/{id}/cancelled`: the worker stopped the job after a cancel request."""
+
+    receipt_handle: uuid.UUID
+
+
+class RedriveRequest(_Wire):
+    """`POST /dead-letter/redrive`: move dead-lettered jobs back to PENDING.
+
+    `limit` is the total to move (default: all), done in batches of at most 500.
+    """
+
+    queue: Name | None = None
+    task_type: Name | None = None
+    limit: Annotated[int, Meta(ge=1, le=REDRIVE_LIMIT_MAX)] | None = None
+
+
+class RedriveResponse(_Wire):
+    """How many jobs the redrive moved."""
+
+    moved: int
 
 
 class QueueDepth(_Wire):

@@ -97,6 +97,14 @@ class IdempotencyConflict(JobqError):
     title = "Idempotency key reused with a different request"
 
 
+class InvalidState(JobqError):
+    """The job's state does not allow this operation (409), e.g. retrying a live job."""
+
+    status = 409
+    slug = "invalid-state"
+    title = "Operation not allowed in the job's state"
+
+
 class ServiceUnavailable(JobqError):
     """A dependency (the queue service, PostgreSQL) cannot be reached right now (503)."""
 
@@ -115,6 +123,7 @@ _BY_SLUG: dict[str, type[JobqError]] = {
         JobNotFound,
         StaleReceiptHandle,
         IdempotencyConflict,
+        InvalidState,
         ServiceUnavailable,
     )
 }

@@ -51,3 +51,25 @@ def sanitize_result(result: Any, max_bytes: int) -> Any:
         return clean
     preview = sanitize_text(encoded.decode("utf-8", errors="replace"), max_bytes // 2)
     return {"truncated": True, "bytes": len(encoded), "preview": preview}
+
+
+# JSON escapes: an escaped backslash (kept, so `\\ud800` stays literal text), a valid surrogate
+# pair (kept), or a lone surrogate (replaced). Alternation order makes backslash parity right.
+_JSON_SURROGATE_ESCAPES = re.compile(
+    rb"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+)
+
+
+def repair_lone_surrogate_escapes(body: bytes) -> bytes:
+    """Replace JSON `\\uD800`-style escapes of unpaired surrogates with `\\uFFFD`.
+
+    A worker's error text may hold them (a decoded byte soup, a truncated emoji); they are valid
+    JSON escapes but not valid Unicode, so decoders reject the whole body. Repairing them keeps
+    the report recordable instead of stranding the job in PROCESSING.
+    """
+
+    def replace(match: re.Match[bytes]) -> bytes:
+        text = match.group()
+        return text if text == b"\\\\" or len(text) == 12 else b"\\ufffd"
+
+    return _JSON_SURROGATE_ESCAPES.sub(replace, body)

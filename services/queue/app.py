@@ -23,11 +23,11 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.errors import JobqError
 from common.web import exception_handlers, live, metrics_route, prometheus_config
-from services.queue.background import Reaper, Scheduler, every, refresh_depth
+from services.queue.background import Reaper, Retention, Scheduler, every, refresh_depth
 from services.queue.depth import DepthCache
 from services.queue.metrics import QueueMetrics
 from services.queue.repository import JobRepository
-from services.queue.routes import JobController, queues
+from services.queue.routes import JobController, queues, redrive
 from services.queue.service import QueueService
 from services.queue.settings import QueueSettings, async_database_url
 from services.queue.wakeup import WakeupHub, listen_forever
@@ -111,6 +111,9 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         depth_cache = DepthCache(redis_client, ttl=settings.queue_depth_interval * 3)
         service = QueueService(repository, hub, settings, metrics, shutdown)
         reaper, scheduler = Reaper(repository, metrics), Scheduler(repository)
+        retention = Retention(
+            repository, settings.queue_retention, settings.queue_dead_letter_retention
+        )
         app.state.update(
             engine=engine, service=service, depth_cache=depth_cache, head_revision=head_revision()
         )
@@ -125,6 +128,9 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
                     every(
                         "scheduler", settings.queue_scheduler_interval, scheduler.promote, shutdown
                     )
+                )
+                tasks.create_task(
+                    every("retention", settings.queue_retention_interval, retention.purge, shutdown)
                 )
                 tasks.create_task(
                     every(
@@ -152,7 +158,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         return cache
 
     return Litestar(
-        route_handlers=[JobController, queues, ready, live, metrics_route(registry)],
+        route_handlers=[JobController, queues, redrive, ready, live, metrics_route(registry)],
         lifespan=[lifespan],
         dependencies={
             "service": Provide(provide_service, sync_to_thread=False),

@@ -28,6 +28,9 @@ from common.errors import ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
+LEASE_CAP_HOURS = 12
+"""No lease extends past this many hours after its claim (as in SQS)."""
+
 WAKEUP_CHANNEL = "jobq_ready"
 """LISTEN/NOTIFY channel; the payload is `<queue>:<number of jobs made ready>`."""
 
@@ -77,6 +80,17 @@ class Reaped:
 
 
 @dataclass(frozen=True, slots=True)
+class Extended:
+    """Outcome of a heartbeat: the job's status and lease end now, and any cancel request."""
+
+    queue: str
+    task_type: str
+    status: JobStatus
+    visible_at: datetime
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
 class DepthRow:
     """Count of jobs in one (queue, status), with the oldest PENDING job's age in seconds."""
 
@@ -117,6 +131,8 @@ _JOB_COLUMNS = (
     "timeout_seconds, last_error, errors, result, idempotency_key, locked_by, created_at, "
     "updated_at, visible_at, claimed_at, finished_at, cancel_requested, lease_id"
 )
+
+_RETURNING_JOB = ", ".join("job." + c.strip() for c in _JOB_COLUMNS.split(","))
 
 _INSERT = text(
     f"""
@@ -169,7 +185,7 @@ _CLAIM = text(
                    visible_at = statement_timestamp() + make_interval(secs => :visibility_timeout),
                    updated_at = statement_timestamp()
     FROM picked WHERE job.id = picked.id
-    RETURNING {", ".join("job." + c.strip() for c in _JOB_COLUMNS.split(","))}
+    RETURNING {_RETURNING_JOB}
     """
 ).bindparams(bindparam("queues", type_=ARRAY(String)))
 
@@ -187,65 +203,87 @@ _ACK = text(
     """
 ).bindparams(bindparam("result", type_=JSONB))
 
-# Full jitter (AWS Architecture Blog, "Exponential Backoff And Jitter", 2015): the delay is
-# u · min(max, base · mult^min(attempt - 1, 30)), u uniform in (0, 1] bound from Python. The
-# exponent cap keeps attempt 10,000 finite. `retry_after` (the worker's own wish) wins.
+BACKOFF_CEILING_SQL = (
+    "LEAST(:max_delay, :base_delay * power(:multiplier, LEAST({attempt} - 1, 30)))"
+)
+"""The retry ceiling in seconds for `{attempt}` (1-based): min(max, base * mult^min(a - 1, 30)).
+
+Full jitter (AWS Architecture Blog, "Exponential Backoff And Jitter", 2015) multiplies it by
+u uniform in (0, 1], bound from Python. Capping the exponent keeps attempt 10,000 finite.
+"""
+
+
+def _append_error(entry: str) -> str:
+    # Keep the newest entries only, so a job failing forever cannot grow without bound.
+    return (
+        f"(CASE WHEN jsonb_array_length(job.errors) >= {ERRORS_HISTORY_MAX} "
+        f"THEN job.errors - 0 ELSE job.errors END) || jsonb_build_array({entry})"
+    )
+
+
+# A worker's failure report. A cancel requested meanwhile wins over a retry; `retry_after`
+# (the processor's own wish) wins over the backoff.
 _FAIL = text(
     f"""
     WITH decided AS (
         SELECT id,
-               (NOT :retryable OR attempts - releases >= max_attempts) AS dead,
-               jsonb_build_object('attempt', attempts, 'at', statement_timestamp(),
-                                  'error', CAST(:error AS text)) AS entry
+               CASE WHEN cancel_requested THEN 'CANCELLED'
+                    WHEN NOT :retryable OR attempts - releases >= max_attempts THEN 'DEAD_LETTER'
+                    ELSE 'SCHEDULED' END AS next_status
         FROM job
         WHERE id = :id AND lease_id = :lease_id AND status = 'PROCESSING'
         FOR UPDATE
     )
     UPDATE job SET
-        status = CASE WHEN decided.dead THEN 'DEAD_LETTER' ELSE 'SCHEDULED' END,
-        visible_at = CASE WHEN decided.dead THEN job.visible_at
-                     ELSE statement_timestamp() + make_interval(secs => COALESCE(
+        status = decided.next_status,
+        visible_at = CASE WHEN decided.next_status = 'SCHEDULED'
+                     THEN statement_timestamp() + make_interval(secs => COALESCE(
                          CAST(:retry_after AS float8),
-                         :jitter * LEAST(:max_delay,
-                                         :base_delay * power(:multiplier,
-                                                             LEAST(job.attempts - 1, 30))))) END,
-        finished_at = CASE WHEN decided.dead THEN statement_timestamp() END,
+                         :jitter * {BACKOFF_CEILING_SQL.format(attempt="job.attempts")}))
+                     ELSE job.visible_at END,
+        finished_at = CASE WHEN decided.next_status <> 'SCHEDULED'
+                           THEN statement_timestamp() END,
         last_error = :error,
-        -- Keep the newest entries only, so a job failing forever cannot grow without bound.
-        errors = CASE WHEN jsonb_array_length(job.errors) >= {ERRORS_HISTORY_MAX}
-                      THEN (job.errors - 0) || jsonb_build_array(decided.entry)
-                      ELSE job.errors || jsonb_build_array(decided.entry) END,
+        errors = {
+        _append_error(
+            "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(),"
+            " 'error', CAST(:error AS text))"
+        )
+    },
         locked_by = NULL,
         updated_at = statement_timestamp()
     FROM decided WHERE job.id = decided.id
-    RETURNING {", ".join("job." + c.strip() for c in _JOB_COLUMNS.split(","))}
+    RETURNING {_RETURNING_JOB}
     """
 )
 
 _REAP = text(
-    """
+    f"""
     WITH expired AS (
-        SELECT id FROM job
+        SELECT id,
+               CASE WHEN cancel_requested THEN 'CANCELLED'
+                    WHEN attempts - releases >= max_attempts THEN 'DEAD_LETTER'
+                    ELSE 'PENDING' END AS next_status
+        FROM job
         WHERE status = 'PROCESSING' AND visible_at < statement_timestamp()
         ORDER BY visible_at
         LIMIT :batch
-        -- A row being acked right now is locked: skip it rather than wait, and the outer
-        -- WHERE re-checks status and expiry on the row as it is after any such ack.
+        -- A row being acked right now is locked: skip it rather than wait. A row locked and
+        -- released after this snapshot is re-checked by the outer WHERE as it is now.
         FOR UPDATE SKIP LOCKED
     )
     UPDATE job SET
-        status = CASE WHEN job.attempts - job.releases >= job.max_attempts
-                      THEN 'DEAD_LETTER' ELSE 'PENDING' END,
-        finished_at = CASE WHEN job.attempts - job.releases >= job.max_attempts
-                           THEN statement_timestamp() END,
+        status = expired.next_status,
+        finished_at = CASE WHEN expired.next_status <> 'PENDING' THEN statement_timestamp() END,
         -- Expired jobs are ready at once: the expiry consumed the attempt.
         visible_at = statement_timestamp(),
         last_error = 'lease expired: no ack, fail or heartbeat within the visibility timeout',
-        errors = CASE WHEN jsonb_array_length(job.errors) >= :history
-                      THEN job.errors - 0 ELSE job.errors END
-                 || jsonb_build_array(jsonb_build_object(
-                        'attempt', job.attempts, 'at', statement_timestamp(),
-                        'error', 'lease expired')),
+        errors = {
+        _append_error(
+            "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(),"
+            " 'error', 'lease expired')"
+        )
+    },
         -- The lost lease's receipt handle must no longer settle the job.
         lease_id = NULL,
         locked_by = NULL,
@@ -256,6 +294,109 @@ _REAP = text(
     RETURNING job.id, job.queue, job.task_type, job.status
     """
 )
+
+# SQS ChangeMessageVisibility: the new timeout counts from this call, the whole lease is capped
+# at 12 h from the claim, and 0 releases the job (counted in `releases`; past 3 x maxAttempts
+# releases the job is dead-lettered, so a job released on every shutdown cannot loop forever).
+_HEARTBEAT = text(
+    f"""
+    WITH decided AS (
+        SELECT id,
+               CASE WHEN :visibility_timeout > 0 THEN 'PROCESSING'
+                    WHEN cancel_requested THEN 'CANCELLED'
+                    WHEN releases + 1 > 3 * max_attempts THEN 'DEAD_LETTER'
+                    ELSE 'PENDING' END AS next_status
+        FROM job
+        WHERE id = :id AND lease_id = :lease_id AND status = 'PROCESSING'
+        FOR UPDATE
+    )
+    UPDATE job SET
+        status = decided.next_status,
+        releases = job.releases + CASE WHEN :visibility_timeout = 0 THEN 1 ELSE 0 END,
+        visible_at = CASE WHEN :visibility_timeout > 0
+                     THEN LEAST(statement_timestamp() + make_interval(secs => :visibility_timeout),
+                                job.claimed_at + interval '{LEASE_CAP_HOURS} hours')
+                     ELSE statement_timestamp() END,
+        lease_id = CASE WHEN :visibility_timeout > 0 THEN job.lease_id END,
+        locked_by = CASE WHEN :visibility_timeout > 0 THEN job.locked_by END,
+        finished_at = CASE WHEN decided.next_status IN ('CANCELLED', 'DEAD_LETTER')
+                           THEN statement_timestamp() END,
+        last_error = CASE WHEN decided.next_status = 'DEAD_LETTER'
+                          THEN 'released too often: more than 3 x maxAttempts releases'
+                          ELSE job.last_error END,
+        updated_at = statement_timestamp()
+    FROM decided WHERE job.id = decided.id
+    RETURNING job.queue, job.task_type, job.status, job.visible_at, job.cancel_requested
+    """
+)
+
+_CANCEL = text(
+    f"""
+    UPDATE job SET
+        -- Waiting jobs end now; a running one is asked to stop (its worker confirms).
+        status = CASE WHEN status = 'PROCESSING' THEN status ELSE 'CANCELLED' END,
+        cancel_requested = (status = 'PROCESSING'),
+        finished_at = CASE WHEN status = 'PROCESSING' THEN NULL ELSE statement_timestamp() END,
+        updated_at = statement_timestamp()
+    WHERE id = :id AND status IN ('PENDING', 'SCHEDULED', 'PROCESSING')
+    RETURNING {_JOB_COLUMNS}
+    """
+)
+
+_CONFIRM_CANCELLED = text(
+    f"""
+    UPDATE job SET status = 'CANCELLED', locked_by = NULL,
+                   finished_at = statement_timestamp(), updated_at = statement_timestamp()
+    WHERE id = :id AND lease_id = :lease_id AND status = 'PROCESSING'
+    RETURNING {_JOB_COLUMNS}
+    """
+)
+
+_RESET_FOR_RETRY = """
+        status = 'PENDING', attempts = 0, releases = 0, lease_id = NULL, locked_by = NULL,
+        cancel_requested = false, result = NULL, claimed_at = NULL, finished_at = NULL,
+        visible_at = statement_timestamp(), updated_at = statement_timestamp()
+"""
+
+# Only a finished, unsuccessful job may run again: a live job must never get a second copy.
+_RETRY = text(
+    f"""
+    UPDATE job SET {_RESET_FOR_RETRY}
+    WHERE id = :id AND status IN ('DEAD_LETTER', 'CANCELLED')
+    RETURNING {_JOB_COLUMNS}
+    """
+)
+
+_REDRIVE = text(
+    f"""
+    WITH picked AS (
+        SELECT id FROM job
+        WHERE status = 'DEAD_LETTER'
+          AND (CAST(:queue AS text) IS NULL OR queue = :queue)
+          AND (CAST(:task_type AS text) IS NULL OR task_type = :task_type)
+        ORDER BY id
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE job SET {_RESET_FOR_RETRY}
+    FROM picked WHERE job.id = picked.id AND job.status = 'DEAD_LETTER'
+    RETURNING job.queue
+    """
+)
+
+_DELETE_FINISHED = text(
+    """
+    DELETE FROM job WHERE id IN (
+        SELECT id FROM job
+        -- Matches ix_job_retention's predicate, so this walks the index by finished_at.
+        WHERE status = ANY(:statuses)
+          AND finished_at < statement_timestamp() - make_interval(secs => :older_than)
+        ORDER BY finished_at
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    )
+    """
+).bindparams(bindparam("statuses", type_=ARRAY(String)))
 
 _PROMOTE = text(
     """
@@ -475,6 +616,97 @@ class JobRepository:
                     _NOTIFY, {"channel": WAKEUP_CHANNEL, "payload": f"{queue}:{count}"}
                 )
         return counts
+
+    async def heartbeat(
+        self, job_id: uuid.UUID, lease_id: uuid.UUID, visibility_timeout: int
+    ) -> Extended | None:
+        """Extend the lease to `visibility_timeout` seconds from now (capped at 12 h after the
+        claim), or release the job when it is 0. None when `lease_id` is not current."""
+        async with self._transaction() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        _HEARTBEAT,
+                        {
+                            "id": job_id,
+                            "lease_id": lease_id,
+                            "visibility_timeout": visibility_timeout,
+                        },
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if row is None:
+                return None
+            if row["status"] == JobStatus.PENDING:
+                await conn.execute(
+                    _NOTIFY, {"channel": WAKEUP_CHANNEL, "payload": f"{row['queue']}:1"}
+                )
+        return Extended(
+            row["queue"],
+            row["task_type"],
+            JobStatus(row["status"]),
+            row["visible_at"],
+            row["cancel_requested"],
+        )
+
+    async def cancel(self, job_id: uuid.UUID) -> JobView | None:
+        """Cancel a waiting job, or ask a running one to stop; None when the job is finished
+        or unknown."""
+        async with self._transaction() as conn:
+            row = (await conn.execute(_CANCEL, {"id": job_id})).mappings().first()
+        return None if row is None else _to_view(row)
+
+    async def confirm_cancelled(self, job_id: uuid.UUID, lease_id: uuid.UUID) -> Settled | None:
+        """A worker stopped the job after a cancel request; None when `lease_id` is stale."""
+        async with self._transaction() as conn:
+            row = (
+                (await conn.execute(_CONFIRM_CANCELLED, {"id": job_id, "lease_id": lease_id}))
+                .mappings()
+                .first()
+            )
+        return None if row is None else Settled(_to_view(row), applied=True)
+
+    async def retry(self, job_id: uuid.UUID) -> JobView | None:
+        """Make a DEAD_LETTER or CANCELLED job PENDING again with attempts and releases reset;
+        None when the job is in any other state or unknown."""
+        async with self._transaction() as conn:
+            row = (await conn.execute(_RETRY, {"id": job_id})).mappings().first()
+            if row is None:
+                return None
+            await conn.execute(_NOTIFY, {"channel": WAKEUP_CHANNEL, "payload": f"{row['queue']}:1"})
+        return _to_view(row)
+
+    async def redrive(self, queue: str | None, task_type: str | None, batch: int) -> int:
+        """Move up to `batch` dead-lettered jobs (optionally of one queue / task type) back to
+        PENDING in one statement; returns how many moved."""
+        async with self._transaction() as conn:
+            rows = (
+                await conn.execute(
+                    _REDRIVE, {"queue": queue, "task_type": task_type, "batch": batch}
+                )
+            ).all()
+            counts: dict[str, int] = {}
+            for (name,) in rows:
+                counts[name] = counts.get(name, 0) + 1
+            for name, count in counts.items():
+                await conn.execute(
+                    _NOTIFY, {"channel": WAKEUP_CHANNEL, "payload": f"{name}:{count}"}
+                )
+        return len(rows)
+
+    async def delete_finished(
+        self, statuses: Sequence[JobStatus], older_than: float, batch: int
+    ) -> int:
+        """Delete up to `batch` jobs in `statuses` finished more than `older_than` seconds ago,
+        oldest first, in one short statement; returns how many were deleted."""
+        async with self._transaction() as conn:
+            result = await conn.execute(
+                _DELETE_FINISHED,
+                {"statuses": [s.value for s in statuses], "older_than": older_than, "batch": batch},
+            )
+        return int(result.rowcount)
 
     async def depth(self) -> list[DepthRow]:
         """Counts of live and dead-lettered jobs per (queue, status)."""

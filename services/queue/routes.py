@@ -15,15 +15,21 @@ from litestar.params import FromPath, JSONBody
 
 from common.contracts import (
     AckRequest,
+    CancelledRequest,
     ClaimRequest,
     ClaimResponse,
     EnqueueRequest,
     FailRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
     JobView,
     QueuesResponse,
+    RedriveRequest,
+    RedriveResponse,
     SubmitJobResponse,
 )
 from services.queue.depth import DepthCache, current_depth
+from services.queue.reports import repair_report_bodies
 from services.queue.service import QueueService
 
 _PROBLEM = ResponseSpec(data_container=dict[str, Any], description="Problem details (RFC 9457)")
@@ -81,6 +87,10 @@ class JobController(Controller):
         disconnected = asyncio.ensure_future(request.receive())
         try:
             jobs = await service.claim(data, disconnected)
+            if jobs and disconnected.done() and not disconnected.cancelled():
+                # The client left while the claim ran: nobody will process these jobs.
+                await service.release_all(jobs)
+                jobs = []
         finally:
             disconnected.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -92,6 +102,7 @@ class JobController(Controller):
     @post(
         "/{job_id:uuid}/ack",
         status_code=200,
+        middleware=[repair_report_bodies],
         summary="Complete a job",
         responses={404: _PROBLEM, 409: _PROBLEM},
     )
@@ -107,6 +118,7 @@ class JobController(Controller):
     @post(
         "/{job_id:uuid}/fail",
         status_code=200,
+        middleware=[repair_report_bodies],
         summary="Fail an attempt",
         responses={404: _PROBLEM, 409: _PROBLEM},
     )
@@ -119,6 +131,71 @@ class JobController(Controller):
         """Record a failed attempt: retried after a jittered backoff, or dead-lettered."""
         return await service.fail(job_id, data)
 
+    @post(
+        "/{job_id:uuid}/heartbeat",
+        status_code=200,
+        summary="Extend or release a lease",
+        responses={404: _PROBLEM, 409: _PROBLEM},
+    )
+    async def heartbeat(
+        self,
+        job_id: FromPath[uuid.UUID],
+        data: JSONBody[HeartbeatRequest],
+        service: NamedDependency[QueueService],
+    ) -> HeartbeatResponse:
+        """SQS ChangeMessageVisibility: the lease ends `visibilityTimeout` seconds from now
+        (12 h cap from the claim); 0 releases the job. The reply carries `cancelRequested`."""
+        return await service.heartbeat(job_id, data)
+
+    @post(
+        "/{job_id:uuid}/cancelled",
+        status_code=200,
+        middleware=[repair_report_bodies],
+        summary="Confirm a cooperative cancel",
+        responses={404: _PROBLEM, 409: _PROBLEM},
+    )
+    async def cancelled(
+        self,
+        job_id: FromPath[uuid.UUID],
+        data: JSONBody[CancelledRequest],
+        service: NamedDependency[QueueService],
+    ) -> JobView:
+        """The worker stopped the job after a cancel request; the job ends CANCELLED."""
+        return await service.confirm_cancelled(job_id, data)
+
+    @post(
+        "/{job_id:uuid}/cancel",
+        status_code=200,
+        summary="Cancel a job",
+        responses={404: _PROBLEM, 409: _PROBLEM},
+    )
+    async def cancel(
+        self, job_id: FromPath[uuid.UUID], service: NamedDependency[QueueService]
+    ) -> JobView:
+        """PENDING/SCHEDULED → CANCELLED at once; PROCESSING → cancel requested."""
+        return await service.cancel(job_id)
+
+    @post(
+        "/{job_id:uuid}/retry",
+        status_code=200,
+        summary="Run a dead-lettered or cancelled job again",
+        responses={404: _PROBLEM, 409: _PROBLEM},
+    )
+    async def retry(
+        self, job_id: FromPath[uuid.UUID], service: NamedDependency[QueueService]
+    ) -> JobView:
+        """DEAD_LETTER/CANCELLED → PENDING with attempts and releases reset; 409 otherwise."""
+        return await service.retry(job_id)
+
+
+@post("/dead-letter/redrive", status_code=200, tags=["dead-letter"], summary="Redrive")
+async def redrive(
+    data: JSONBody[RedriveRequest], service: NamedDependency[QueueService]
+) -> RedriveResponse:
+    """Move dead-lettered jobs (optionally of one queue and task type) back to PENDING."""
+    moved = await service.redrive(data.queue, data.task_type, data.limit)
+    return RedriveResponse(moved=moved)
+
 
 @get("/queues", tags=["queues"], summary="Queue depth")
 async def queues(
@@ -128,4 +205,4 @@ async def queues(
     return QueuesResponse(queues=await current_depth(service.repository, depth_cache))
 
 
-__all__ = ["JobController", "queues"]
+__all__ = ["JobController", "queues", "redrive"]

@@ -16,11 +16,15 @@ from typing import Any
 
 from common.contracts import (
     ERROR_MAX_BYTES,
+    REDRIVE_BATCH,
     RESULT_MAX_BYTES,
     AckRequest,
+    CancelledRequest,
     ClaimRequest,
     EnqueueRequest,
     FailRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
     JobMessage,
     JobStatus,
     JobView,
@@ -28,6 +32,7 @@ from common.contracts import (
 )
 from common.errors import (
     IdempotencyConflict,
+    InvalidState,
     JobNotFound,
     ServiceUnavailable,
     StaleReceiptHandle,
@@ -209,6 +214,102 @@ class QueueService:
             return await self._replay_or_stale(job_id, request.receipt_handle)
         self._record(settled)
         return settled.view
+
+    async def heartbeat(self, job_id: uuid.UUID, request: HeartbeatRequest) -> HeartbeatResponse:
+        """Extend the lease from now (SQS ChangeMessageVisibility), or release the job with 0.
+
+        Raises JobNotFound, or StaleReceiptHandle when the lease was lost.
+        """
+        extended = await self.repository.heartbeat(
+            job_id, request.receipt_handle, request.visibility_timeout
+        )
+        if extended is None:
+            await self._raise_stale(job_id, request.receipt_handle)
+        assert extended is not None
+        if extended.status is not JobStatus.PROCESSING:
+            queue = self._metrics.queue_label(extended.queue)
+            task = self._metrics.task_label(extended.task_type)
+            outcome = _outcome(extended.status)
+            if outcome != "retry":
+                self._metrics.processed.labels(queue, task, outcome).inc()
+            logger.info(
+                "job released: now %s",
+                extended.status,
+                extra={"event": "job_released", "job_id": str(job_id)},
+            )
+        return HeartbeatResponse(
+            visible_at=extended.visible_at,
+            visibility_timeout=request.visibility_timeout,
+            cancel_requested=extended.cancel_requested,
+            status=extended.status,
+        )
+
+    async def release_all(self, jobs: list[JobMessage]) -> None:
+        """Release jobs claimed for a client that went away before receiving them."""
+        for job in jobs:
+            await self.repository.heartbeat(job.id, job.receipt_handle, 0)
+
+    async def cancel(self, job_id: uuid.UUID) -> JobView:
+        """Cancel a PENDING/SCHEDULED job at once; ask a PROCESSING one to stop (its worker
+        learns it from the next heartbeat). Raises JobNotFound, or InvalidState (409) when the
+        job already finished."""
+        view = await self.repository.cancel(job_id)
+        if view is None:
+            current = await self.get(job_id)
+            raise InvalidState(f"job {job_id} is {current.status}; only live jobs can be cancelled")
+        if view.status is JobStatus.CANCELLED:
+            self._metrics.processed.labels(
+                self._metrics.queue_label(view.queue),
+                self._metrics.task_label(view.task_type),
+                "cancelled",
+            ).inc()
+        return view
+
+    async def confirm_cancelled(self, job_id: uuid.UUID, request: CancelledRequest) -> JobView:
+        """The worker stopped the job after a cancel request: it ends CANCELLED."""
+        settled = await self.repository.confirm_cancelled(job_id, request.receipt_handle)
+        if settled is None:
+            return await self._replay_or_stale(job_id, request.receipt_handle)
+        self._record(settled)
+        return settled.view
+
+    async def retry(self, job_id: uuid.UUID) -> JobView:
+        """Run a DEAD_LETTER or CANCELLED job again (attempts and releases reset). Raises
+        JobNotFound, or InvalidState (409) for any live or completed job, so a job never has
+        two live copies."""
+        view = await self.repository.retry(job_id)
+        if view is None:
+            current = await self.get(job_id)
+            raise InvalidState(
+                f"job {job_id} is {current.status}; "
+                "only DEAD_LETTER or CANCELLED jobs can be retried"
+            )
+        logger.info("job retried by request", extra={"event": "job_retried", "job_id": str(job_id)})
+        return view
+
+    async def redrive(self, queue: str | None, task_type: str | None, limit: int | None) -> int:
+        """Move dead-lettered jobs back to PENDING, `limit` in all (default: every one), in
+        batches of at most 500, each its own short transaction. Returns how many moved."""
+        moved = 0
+        while limit is None or moved < limit:
+            batch = REDRIVE_BATCH if limit is None else min(REDRIVE_BATCH, limit - moved)
+            count = await self.repository.redrive(queue, task_type, batch)
+            moved += count
+            if count < batch:
+                break
+        logger.info(
+            "redrove %d dead-lettered job(s)",
+            moved,
+            extra={"event": "dead_letter_redrive", "queue": queue, "task_type": task_type},
+        )
+        return moved
+
+    async def _raise_stale(self, job_id: uuid.UUID, handle: uuid.UUID) -> None:
+        if await self.repository.get(job_id) is None:
+            raise JobNotFound(f"no job has id {job_id}")
+        raise StaleReceiptHandle(
+            f"receipt handle {handle} is not the latest for job {job_id}: the lease was lost"
+        )
 
     async def _replay_or_stale(self, job_id: uuid.UUID, handle: uuid.UUID) -> JobView:
         found = await self.repository.get(job_id)

@@ -40,6 +40,9 @@ class QueueSettings(BaseServiceSettings):
     queue_depth_interval: Duration = 2.0
     queue_poll_interval: Duration = 0.25
     queue_shutdown_grace: Duration = 10.0
+    queue_retention: Duration = 7 * 86400.0
+    queue_dead_letter_retention: Duration = 14 * 86400.0
+    queue_retention_interval: Duration = 60.0
 
     @field_validator("database_url")
     @classmethod
@@ -52,6 +55,7 @@ class QueueSettings(BaseServiceSettings):
         "queue_scheduler_interval",
         "queue_depth_interval",
         "queue_poll_interval",
+        "queue_retention_interval",
     )
     @classmethod
     def _positive_interval(cls, value: float) -> float:
