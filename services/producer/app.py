@@ -16,7 +16,7 @@ from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.http import make_client
 from common.web import exception_handlers, live, metrics_route, prometheus_config
 from services.producer.client import QueueServiceClient
-from services.producer.routes import JobController
+from services.producer.routes import JobController, redrive
 from services.producer.settings import ProducerSettings
 
 
@@ -46,7 +46,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         return client
 
     return Litestar(
-        route_handlers=[JobController, ready, live, metrics_route(registry)],
+        route_handlers=[JobController, redrive, ready, live, metrics_route(registry)],
         lifespan=[lifespan],
         dependencies={"queue": Provide(provide_queue, sync_to_thread=False)},
         exception_handlers=exception_handlers(),

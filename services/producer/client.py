@@ -6,7 +6,13 @@ import uuid
 
 import httpx
 
-from common.contracts import EnqueueRequest, JobView, SubmitJobResponse
+from common.contracts import (
+    EnqueueRequest,
+    JobView,
+    RedriveRequest,
+    RedriveResponse,
+    SubmitJobResponse,
+)
 from common.http import call, decode
 
 
@@ -30,6 +36,20 @@ class QueueServiceClient:
         """The job's view; raises JobNotFound."""
         response = await call(self._http, "GET", f"/jobs/{job_id}", read_timeout=self._timeout)
         return decode(response, JobView)
+
+    async def act(self, job_id: uuid.UUID, action: str) -> JobView:
+        """`POST /jobs/{id}/{action}` (`cancel` or `retry`) on the queue service."""
+        path = f"/jobs/{job_id}/{action}"
+        response = await call(self._http, "POST", path, read_timeout=self._timeout)
+        return decode(response, JobView)
+
+    async def redrive(self, request: RedriveRequest) -> RedriveResponse:
+        """Move dead-lettered jobs back to PENDING. A large redrive runs in many batches, so it
+        gets a longer timeout (60 s) than single-job calls."""
+        response = await call(
+            self._http, "POST", "/dead-letter/redrive", request, read_timeout=60.0
+        )
+        return decode(response, RedriveResponse)
 
     async def live(self) -> bool:
         """True when the queue service answers its liveness probe within 2 s."""

@@ -11,7 +11,14 @@ from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
-from common.contracts import EnqueueRequest, JobView, SubmitJobRequest, SubmitJobResponse
+from common.contracts import (
+    EnqueueRequest,
+    JobView,
+    RedriveRequest,
+    RedriveResponse,
+    SubmitJobRequest,
+    SubmitJobResponse,
+)
 from common.ids import new_job_id
 from common.validation import check_payload
 from services.producer.client import QueueServiceClient
@@ -61,3 +68,36 @@ class JobController(Controller):
     ) -> JobView:
         """The job's full view."""
         return await queue.get(job_id)
+
+    @post(
+        "/{job_id:uuid}/cancel",
+        status_code=200,
+        summary="Cancel a job",
+        responses={404: _PROBLEM, 409: _PROBLEM, 503: _PROBLEM},
+    )
+    async def cancel(
+        self, job_id: FromPath[uuid.UUID], queue: NamedDependency[QueueServiceClient]
+    ) -> JobView:
+        """PENDING/SCHEDULED → CANCELLED at once; PROCESSING → the worker is asked to stop and
+        the job ends CANCELLED when it confirms; 409 when the job already finished."""
+        return await queue.act(job_id, "cancel")
+
+    @post(
+        "/{job_id:uuid}/retry",
+        status_code=200,
+        summary="Run a dead-lettered or cancelled job again",
+        responses={404: _PROBLEM, 409: _PROBLEM, 503: _PROBLEM},
+    )
+    async def retry(
+        self, job_id: FromPath[uuid.UUID], queue: NamedDependency[QueueServiceClient]
+    ) -> JobView:
+        """DEAD_LETTER/CANCELLED → PENDING with attempts and releases reset; 409 otherwise."""
+        return await queue.act(job_id, "retry")
+
+
+@post("/dead-letter/redrive", status_code=200, tags=["dead-letter"], summary="Redrive")
+async def redrive(
+    data: JSONBody[RedriveRequest], queue: NamedDependency[QueueServiceClient]
+) -> RedriveResponse:
+    """Move dead-lettered jobs (optionally of one queue and task type) back to PENDING."""
+    return await queue.redrive(data)

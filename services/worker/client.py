@@ -9,9 +9,12 @@ import httpx
 
 from common.contracts import (
     AckRequest,
+    CancelledRequest,
     ClaimRequest,
     ClaimResponse,
     FailRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
     JobMessage,
     JobView,
 )
@@ -73,3 +76,18 @@ class QueueClient:
             retry_after_seconds=retry_after,
         )
         return decode(await call(self._http, "POST", f"/jobs/{job_id}/fail", body), JobView)
+
+    async def heartbeat(
+        self, job_id: uuid.UUID, receipt_handle: uuid.UUID, visibility_timeout: int
+    ) -> HeartbeatResponse:
+        """Extend the lease to `visibility_timeout` seconds from now; 0 releases the job."""
+        body = HeartbeatRequest(
+            receipt_handle=receipt_handle, visibility_timeout=visibility_timeout
+        )
+        response = await call(self._http, "POST", f"/jobs/{job_id}/heartbeat", body)
+        return decode(response, HeartbeatResponse)
+
+    async def cancelled(self, job_id: uuid.UUID, receipt_handle: uuid.UUID) -> JobView:
+        """Confirm the job was stopped after a cancel request."""
+        body = CancelledRequest(receipt_handle=receipt_handle)
+        return decode(await call(self._http, "POST", f"/jobs/{job_id}/cancelled", body), JobView)

@@ -1,29 +1,70 @@
 """The worker loop: claim as many jobs as there are free slots, run them, settle each.
 
 One long poll at a time asks for exactly the number of free slots, so a claimed job never waits
-in memory while its lease runs down (the seed's "claim only what you can run" rule).
+in memory while its lease runs down (the seed's "claim only what you can run" rule). While a job
+runs, a heartbeat extends its lease at half the visibility timeout (worker's monotonic clock);
+the heartbeat's reply also carries cancel requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
-from common.contracts import JobMessage
+from common.contracts import ERROR_MAX_BYTES, RESULT_MAX_BYTES, JobMessage, JobStatus
 from common.errors import JobqError, StaleReceiptHandle
+from common.text import sanitize_result, sanitize_text
 from services.worker.client import QueueClient
 from services.worker.metrics import WorkerMetrics
 from services.worker.processors import JobContext, NonRetryable, ProcessorRegistry, Retry
+from services.worker.processors.base import Registration
 from services.worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
 
 _CLAIM_BACKOFF_MAX = 5.0
+_RELEASE_BUDGET = 5.0
+
+
+class Stop(enum.Enum):
+    """Why a running processor was stopped before it finished."""
+
+    CANCEL_REQUESTED = "cancel requested"
+    LEASE_LOST = "lease lost"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass
+class Running:
+    """A job in progress: its message, its processor task and why it was stopped (if it was)."""
+
+    job: JobMessage
+    task: asyncio.Task[Any] | None = None
+    stop: Stop | None = None
+    claimed: float = field(default_factory=time.monotonic)
+
+    def interrupt(self, reason: Stop) -> None:
+        """Stop the processor for `reason` (the first reason wins)."""
+        if self.stop is None:
+            self.stop = reason
+        if self.task is not None:
+            self.task.cancel()
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed attempt as it will be reported."""
+
+    error: str
+    retryable: bool = True
+    retry_after: float | None = None
 
 
 class Worker:
@@ -40,22 +81,22 @@ class Worker:
         self._client = client
         self._registry = registry
         self._metrics = metrics
-        self._active: set[asyncio.Task[None]] = set()
+        self._running: dict[asyncio.Task[None], Running] = {}
         self._slot_freed = asyncio.Event()
 
     @property
     def active(self) -> int:
         """Jobs running now."""
-        return len(self._active)
+        return len(self._running)
 
     async def run(self, shutdown: asyncio.Event) -> None:
         """Claim and run jobs until `shutdown` is set, then give running jobs up to
-        `worker_shutdown_grace` seconds to finish; the rest are cancelled (their leases
-        expire and the reaper hands them to another worker)."""
+        `worker_shutdown_grace` seconds to finish and release the rest (SQS: visibility 0),
+        so another worker takes them at once instead of after their lease expires."""
         backoff = 0.0
         async with asyncio.TaskGroup() as tasks:
             while not shutdown.is_set():
-                free = self._settings.worker_concurrency - len(self._active)
+                free = self._settings.worker_concurrency - len(self._running)
                 if free <= 0:
                     self._slot_freed.clear()
                     await _first(self._slot_freed.wait(), shutdown.wait())
@@ -75,9 +116,10 @@ class Worker:
                         await asyncio.wait_for(shutdown.wait(), timeout=backoff)
                     continue
                 for job in jobs or []:
-                    task = tasks.create_task(self._run_guarded(job))
-                    self._active.add(task)
-                    self._metrics.active_jobs.set(len(self._active))
+                    running = Running(job)
+                    task = tasks.create_task(self._run_guarded(running))
+                    self._running[task] = running
+                    self._metrics.active_jobs.set(len(self._running))
                     task.add_done_callback(self._finished)
             await self._drain()
 
@@ -90,50 +132,66 @@ class Worker:
         )
 
     def _finished(self, task: asyncio.Task[None]) -> None:
-        self._active.discard(task)
-        self._metrics.active_jobs.set(len(self._active))
+        self._running.pop(task, None)
+        self._metrics.active_jobs.set(len(self._running))
         self._slot_freed.set()
 
     async def _drain(self) -> None:
-        if not self._active:
+        if not self._running:
             return
+        grace = self._settings.worker_shutdown_grace
         logger.info(
             "draining %d running job(s) for up to %.0fs",
-            len(self._active),
-            self._settings.worker_shutdown_grace,
+            len(self._running),
+            grace,
             extra={"event": "worker_draining"},
         )
-        _, still_running = await asyncio.wait(
-            set(self._active), timeout=self._settings.worker_shutdown_grace
-        )
-        for task in still_running:
-            task.cancel()
+        _, late = await asyncio.wait(set(self._running), timeout=grace)
+        for task in late:
+            self._running[task].interrupt(Stop.SHUTDOWN)
+        if late:
+            await asyncio.wait(late, timeout=_RELEASE_BUDGET)
 
-    async def _run_guarded(self, job: JobMessage) -> None:
+    async def _run_guarded(self, running: Running) -> None:
         # A bug in one job's handling must not take the other running jobs down with it.
         try:
-            await self._run(job)
+            await self._run(running)
         except Exception:
             logger.exception(
                 "unexpected error handling job; its lease will expire",
-                extra={"event": "job_handling_crashed", "job_id": str(job.id)},
+                extra={"event": "job_handling_crashed", "job_id": str(running.job.id)},
             )
 
-    async def _run(self, job: JobMessage) -> None:
-        claimed = time.monotonic()
+    async def _run(self, running: Running) -> None:
+        job = running.job
         registration = self._registry.get(job.task_type)
-        task_label = self._metrics.task_label(job.task_type)
         if registration is None:
-            await self._settle_failure(
-                job,
-                f"no processor for task type {job.task_type!r} on this worker",
-                retryable=True,
-                retry_after=None,
-                claimed=claimed,
-                task_label=task_label,
-                started=claimed,
-            )
+            failure = Failure(f"no processor for task type {job.task_type!r} on this worker")
+            await self._report_failure(running, failure, duration=0.0)
             return
+        started = time.monotonic()
+        running.task = asyncio.create_task(self._invoke(registration, job))
+        heartbeat = asyncio.create_task(self._heartbeat(running))
+        try:
+            outcome: Any = await running.task
+        except asyncio.CancelledError:
+            if running.stop is None:
+                raise
+            outcome = running.stop
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+        duration = time.monotonic() - started
+        if isinstance(outcome, Stop):
+            await self._after_stop(running, outcome, duration)
+        elif isinstance(outcome, Failure):
+            await self._report_failure(running, outcome, duration)
+        else:
+            await self._report_success(running, outcome, duration)
+
+    async def _invoke(self, registration: Registration, job: JobMessage) -> Any:
+        """Run the processor under its timeout; returns its result or a Failure."""
         timeout = (
             job.timeout_seconds or registration.timeout_seconds or self._settings.worker_job_timeout
         )
@@ -145,47 +203,76 @@ class Worker:
             max_attempts=job.max_attempts,
             idempotency_key=job.idempotency_key,
         )
-        started = time.monotonic()
         try:
             async with asyncio.timeout(timeout) as deadline:
-                result = await registration.processor(context)
+                return await registration.processor(context)
         except TimeoutError:
             if deadline.expired():
-                error, retryable, after = f"timed out after {timeout:g}s", True, None
-            else:
-                error, retryable, after = "TimeoutError raised by the processor", True, None
+                return Failure(f"timed out after {timeout:g}s (timeoutSeconds)")
+            return Failure("TimeoutError raised by the processor")
         except Retry as exc:
-            error, retryable, after = str(exc), True, exc.after
+            return Failure(str(exc), retry_after=exc.after)
         except NonRetryable as exc:
-            error, retryable, after = str(exc) or "non-retryable failure", False, None
-        except asyncio.CancelledError:
-            raise
+            return Failure(str(exc) or "non-retryable failure", retryable=False)
         except Exception as exc:
-            error, retryable, after = f"{type(exc).__name__}: {exc}", True, None
-        else:
-            await self._settle_success(job, result, claimed, started, task_label)
-            return
-        await self._settle_failure(
-            job,
-            error,
-            retryable=retryable,
-            retry_after=after,
-            claimed=claimed,
-            task_label=task_label,
-            started=started,
-        )
+            return Failure(f"{type(exc).__name__}: {exc}")
 
-    async def _settle_success(
-        self, job: JobMessage, result: Any, claimed: float, started: float, task_label: str
-    ) -> None:
-        duration = time.monotonic() - started
+    async def _heartbeat(self, running: Running) -> None:
+        """Extend the lease every half visibility timeout until cancelled; stop the processor
+        when the job is cancelled or the lease is lost."""
+        job = running.job
+        interval = max(0.5, job.visibility_timeout / 2)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                reply = await self._client.heartbeat(
+                    job.id, job.receipt_handle, job.visibility_timeout
+                )
+            except StaleReceiptHandle:
+                running.interrupt(Stop.LEASE_LOST)
+                return
+            except JobqError as exc:
+                logger.warning(
+                    "heartbeat failed: %s",
+                    exc,
+                    extra={"event": "heartbeat_failed", "job_id": str(job.id)},
+                )
+                continue
+            if reply.cancel_requested:
+                running.interrupt(Stop.CANCEL_REQUESTED)
+                return
+
+    async def _after_stop(self, running: Running, reason: Stop, duration: float) -> None:
+        job = running.job
+        task_label = self._metrics.task_label(job.task_type)
+        extra = {"event": f"job_{reason.name.lower()}", "job_id": str(job.id)}
         try:
-            # Whatever the processor returned must reach the queue: values JSON cannot hold
-            # (datetimes are fine; sets, headers, custom objects) are sent as their text.
-            storable = msgspec.to_builtins(result, enc_hook=str)
+            match reason:
+                case Stop.CANCEL_REQUESTED:
+                    await self._client.cancelled(job.id, job.receipt_handle)
+                    self._metrics.job_duration.labels(task_label, "cancelled").observe(duration)
+                    logger.info("job cancelled on request", extra=extra)
+                case Stop.SHUTDOWN:
+                    await self._client.heartbeat(job.id, job.receipt_handle, 0)
+                    self._metrics.job_duration.labels(task_label, "released").observe(duration)
+                    logger.warning("job released at shutdown", extra=extra)
+                case Stop.LEASE_LOST:
+                    self._lost(job, "heartbeat refused", task_label, duration)
+        except StaleReceiptHandle as exc:
+            self._lost(job, str(exc), task_label, duration)
+        except JobqError as exc:
+            logger.warning("could not report %s: %s", reason.value, exc, extra=extra)
+
+    async def _report_success(self, running: Running, result: Any, duration: float) -> None:
+        job = running.job
+        task_label = self._metrics.task_label(job.task_type)
+        # Whatever the processor returned must reach the queue: values JSON cannot hold are
+        # sent as their text, oversized ones as a stub.
+        storable = sanitize_result(msgspec.to_builtins(result, enc_hook=str), RESULT_MAX_BYTES)
+        try:
             await self._client.ack(job.id, job.receipt_handle, storable)
         except StaleReceiptHandle as exc:
-            self._lost(job, exc, task_label, duration)
+            self._lost(job, str(exc), task_label, duration)
             return
         except JobqError as exc:
             logger.warning(
@@ -195,7 +282,7 @@ class Worker:
             )
             return
         self._metrics.job_duration.labels(task_label, "success").observe(duration)
-        self._metrics.claim_to_settle.observe(time.monotonic() - claimed)
+        self._metrics.claim_to_settle.observe(time.monotonic() - running.claimed)
         logger.info(
             "job completed",
             extra={
@@ -206,24 +293,20 @@ class Worker:
             },
         )
 
-    async def _settle_failure(
-        self,
-        job: JobMessage,
-        error: str,
-        *,
-        retryable: bool,
-        retry_after: float | None,
-        claimed: float,
-        started: float,
-        task_label: str,
-    ) -> None:
-        duration = time.monotonic() - started
+    async def _report_failure(self, running: Running, failure: Failure, duration: float) -> None:
+        job = running.job
+        task_label = self._metrics.task_label(job.task_type)
+        error = sanitize_text(failure.error, ERROR_MAX_BYTES)
         try:
             view = await self._client.fail(
-                job.id, job.receipt_handle, error, retryable=retryable, retry_after=retry_after
+                job.id,
+                job.receipt_handle,
+                error,
+                retryable=failure.retryable,
+                retry_after=failure.retry_after,
             )
         except StaleReceiptHandle as exc:
-            self._lost(job, exc, task_label, duration)
+            self._lost(job, str(exc), task_label, duration)
             return
         except JobqError as exc:
             logger.warning(
@@ -232,9 +315,9 @@ class Worker:
                 extra={"event": "fail_report_failed", "job_id": str(job.id)},
             )
             return
-        outcome = "dead_letter" if view.status == "DEAD_LETTER" else "retry"
+        outcome = "dead_letter" if view.status is JobStatus.DEAD_LETTER else "retry"
         self._metrics.job_duration.labels(task_label, outcome).observe(duration)
-        self._metrics.claim_to_settle.observe(time.monotonic() - claimed)
+        self._metrics.claim_to_settle.observe(time.monotonic() - running.claimed)
         extra = {
             "event": f"job_{outcome}",
             "job_id": str(job.id),
@@ -246,11 +329,11 @@ class Worker:
         else:
             logger.warning("job failed, will retry: %s", error, extra=extra)
 
-    def _lost(self, job: JobMessage, exc: JobqError, task_label: str, duration: float) -> None:
+    def _lost(self, job: JobMessage, why: str, task_label: str, duration: float) -> None:
         self._metrics.job_duration.labels(task_label, "lost").observe(duration)
         logger.warning(
             "lease lost; result discarded: %s",
-            exc,
+            why,
             extra={"event": "lease_lost", "job_id": str(job.id)},
         )
 
