@@ -55,7 +55,8 @@ async def expire_leases(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
         await conn.execute(
             text(
-                "UPDATE job SET visible_at = now() - interval '1 second' WHERE status = 'PROCESSING'"
+                "UPDATE job SET visible_at = now() - interval '1 second'"
+                " WHERE status = 'PROCESSING'"
             )
         )
 
@@ -74,7 +75,7 @@ async def test_a_job_released_on_every_shutdown_still_ends(client: httpx.AsyncCl
 
     view = (await client.get(f"/jobs/{job_id}")).json()
     assert view["status"] == "DEAD_LETTER"
-    assert claims == 7 and view["releases"] == 7, "dead-lettered when releases exceed 3 × 2"
+    assert claims == 7 and view["releases"] == 7, "dead-lettered when releases exceed 3 x 2"
     assert "released too often" in view["lastError"]
 
 
@@ -215,10 +216,8 @@ async def test_fail_report_with_nul_and_lone_surrogate_is_recorded(
     job_id = await submit(client)
     job = await claim_one(client)
     assert job is not None
-    raw = (
-        '{"receiptHandle": "%s", "error": "bad\\u0000byte \\ud800 and \\\\ud800 and \\ud83d\\ude00"}'
-        % job["receiptHandle"]
-    ).encode()
+    error = r"bad\u0000byte \ud800 and \\ud800 and \ud83d\ude00"
+    raw = f'{{"receiptHandle": "{job["receiptHandle"]}", "error": "{error}"}}'.encode()
 
     reply = await client.post(
         f"/jobs/{job_id}/fail", content=raw, headers={"content-type": "application/json"}
