@@ -49,7 +49,8 @@ run: install ## Start PostgreSQL/Redis if needed, migrate, run queue, producer, 
 	@eval "$$($(BIN)/python -m infra.servers env --database jobq)" && \
 		export DATABASE_URL REDIS_URL && $(BIN)/alembic upgrade head && \
 		echo "jobq: producer http://127.0.0.1:8080  queue http://127.0.0.1:8081  workers' metrics :9101 :9102  (Ctrl-C stops)" && \
-		env $(RUN_ENV) $(BIN)/honcho --no-colour -d . -f infra/Procfile start
+		env $(RUN_ENV) $(BIN)/honcho --no-colour -d . -f infra/Procfile start; \
+		status=$$?; [ $$status -eq 0 ] || [ $$status -eq 130 ]  # 130: stopped with Ctrl-C
 
 .PHONY: test
 test: install ## Run every test (unit, integration, e2e) against real PostgreSQL and Redis

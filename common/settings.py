@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Literal
+import sys
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -68,3 +69,21 @@ class BaseServiceSettings(BaseSettings):
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
+
+
+SettingsT = TypeVar("SettingsT", bound=BaseServiceSettings)
+
+
+def load_settings(cls: type[SettingsT]) -> SettingsT:
+    """Read `cls` from the environment; on bad values print one line per variable, named as
+    the user set it (`QUEUE_REAPER_INTERVAL: '5x' is not a duration …`), and exit with 2."""
+    try:
+        return cls()
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            variable = str(error["loc"][0]).upper() if error["loc"] else "?"
+            message = str(error["msg"]).removeprefix("Value error, ")
+            lines.append(f"  {variable}: {message}")
+        print("jobq: invalid configuration:\n" + "\n".join(lines), file=sys.stderr)
+        raise SystemExit(2) from None

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
 _MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _PATH_TOKEN = re.compile(r"\.([A-Za-z0-9_]+)|\[(\d+)\]|\['((?:[^'\\]|\\.)*)'\]")
-_UNKNOWN_FIELD = re.compile(r"unknown field `(?P<name>[^`]+)`")
+_NAMED_FIELD = re.compile(r"(?:unknown|required) field `(?P<name>[^`]+)`")
 
 
 def _pointer(msgspec_path: str) -> str:
@@ -51,6 +51,9 @@ def _validation_to_error(exc: ValidationException) -> JobqError:
         key = str(entry.get("key") or "")
         if "malformed" in message.lower() or "truncated" in message.lower():
             malformed = True
+        if source == "body" and message == "'data'":
+            # Litestar's way of saying the body was missing entirely.
+            return MalformedRequest("the request body is empty; send a JSON object")
         match = _MSGSPEC_PATH.search(message)
         if match:
             pointer = _pointer(match.group("path"))
@@ -58,9 +61,9 @@ def _validation_to_error(exc: ValidationException) -> JobqError:
             pointer = _pointer(key if key.startswith(("[", ".")) else "." + key)
         else:
             pointer = ""
-        unknown = _UNKNOWN_FIELD.search(message)
-        if unknown:
-            pointer = f"{pointer}/{unknown.group('name')}"
+        named = _NAMED_FIELD.search(message)
+        if named:
+            pointer = f"{pointer}/{named.group('name')}"
         if source in ("query", "path", "header", "cookie") and key:
             pointer = f"{source}:{key}"
         detail = _MSGSPEC_PATH.sub("", message) or "invalid value"
@@ -162,3 +165,28 @@ def metrics_route(registry: CollectorRegistry) -> HTTPRouteHandler:
 def live() -> dict[str, str]:
     """Liveness: the process answers; checks no dependency."""
     return {"status": "ok"}
+
+
+class UnsupportedMediaType(JobqError):
+    """The request has a body that is not declared as JSON (415)."""
+
+    status = 415
+    slug = "unsupported-media-type"
+    title = "Unsupported media type"
+
+
+def require_json_body(request: Request[Any, Any, Any]) -> None:
+    """`before_request` hook: a request that carries a body must declare it JSON
+    (`application/json` or `application/*+json`), else 415. Bodiless POSTs pass."""
+    headers = request.headers
+    has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+    if not has_body:
+        return
+    media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        return
+    raise UnsupportedMediaType(
+        f"send the body as application/json (got {media_type or 'no Content-Type'})"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from common.logging import configure_logging
 from common.serving import serve
+from common.settings import load_settings
 from services.producer.app import create_app
 from services.producer.settings import ProducerSettings
 
@@ -11,7 +12,7 @@ from services.producer.settings import ProducerSettings
 def main() -> None:
     """Read settings from the environment, configure logging and serve until SIGTERM/SIGINT,
     draining in-flight requests for up to `PRODUCER_SHUTDOWN_GRACE` seconds."""
-    settings = ProducerSettings()
+    settings = load_settings(ProducerSettings)
     configure_logging(settings.log_level, settings.log_format)
     serve(
         create_app(settings),

@@ -14,7 +14,13 @@ from prometheus_client import CollectorRegistry
 
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.http import make_client
-from common.web import exception_handlers, live, metrics_route, prometheus_config
+from common.web import (
+    exception_handlers,
+    live,
+    metrics_route,
+    prometheus_config,
+    require_json_body,
+)
 from services.producer.client import QueueServiceClient
 from services.producer.routes import JobController, redrive
 from services.producer.settings import ProducerSettings
@@ -50,6 +56,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         lifespan=[lifespan],
         dependencies={"queue": Provide(provide_queue, sync_to_thread=False)},
         exception_handlers=exception_handlers(),
+        before_request=require_json_body,
         middleware=[prometheus_config("producer").middleware],
         openapi_config=OpenAPIConfig(title="jobq producer", version="0.1.0", path="/schema"),
         request_max_body_size=REQUEST_BODY_MAX_BYTES,

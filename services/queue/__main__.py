@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from common.logging import configure_logging
 from common.serving import serve
+from common.settings import load_settings
 from services.queue.app import create_app
 from services.queue.settings import QueueSettings
 
@@ -14,7 +15,7 @@ def main() -> None:
     On a signal, waiting claims answer 204 at once, in-flight requests get up to
     `QUEUE_SHUTDOWN_GRACE` seconds, then the background loops and connections stop.
     """
-    settings = QueueSettings()
+    settings = load_settings(QueueSettings)
     configure_logging(settings.log_level, settings.log_format)
     serve(
         create_app(settings),

@@ -22,7 +22,13 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.errors import JobqError
-from common.web import exception_handlers, live, metrics_route, prometheus_config
+from common.web import (
+    exception_handlers,
+    live,
+    metrics_route,
+    prometheus_config,
+    require_json_body,
+)
 from services.queue.background import Reaper, Retention, Scheduler, every, refresh_depth
 from services.queue.depth import DepthCache
 from services.queue.metrics import QueueMetrics
@@ -165,6 +171,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             "depth_cache": Provide(provide_depth_cache, sync_to_thread=False),
         },
         exception_handlers=exception_handlers(),
+        before_request=require_json_body,
         middleware=[prometheus_config("queue").middleware],
         openapi_config=OpenAPIConfig(title="jobq queue service", version="0.1.0", path="/schema"),
         request_max_body_size=REQUEST_BODY_MAX_BYTES,

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from common.http import make_client
 from common.logging import configure_logging
+from common.settings import load_settings
 from services.worker.app import EmbeddedServer, create_app
 from services.worker.client import QueueClient
 from services.worker.metrics import WorkerMetrics
@@ -70,7 +71,7 @@ async def run(settings: WorkerSettings) -> None:
 
 def main() -> None:
     """Entry point: settings from the environment, JSON or text logs, then `run`."""
-    settings = WorkerSettings()
+    settings = load_settings(WorkerSettings)
     configure_logging(settings.log_level, settings.log_format)
     asyncio.run(run(settings))
 

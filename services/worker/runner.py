@@ -83,6 +83,8 @@ class Worker:
         self._metrics = metrics
         self._running: dict[asyncio.Task[None], Running] = {}
         self._slot_freed = asyncio.Event()
+        self._backoff = 0.0
+        self._connected = False
 
     @property
     def active(self) -> int:
@@ -93,7 +95,6 @@ class Worker:
         """Claim and run jobs until `shutdown` is set, then give running jobs up to
         `worker_shutdown_grace` seconds to finish and release the rest (SQS: visibility 0),
         so another worker takes them at once instead of after their lease expires."""
-        backoff = 0.0
         async with asyncio.TaskGroup() as tasks:
             while not shutdown.is_set():
                 free = self._settings.worker_concurrency - len(self._running)
@@ -101,27 +102,40 @@ class Worker:
                     self._slot_freed.clear()
                     await _first(self._slot_freed.wait(), shutdown.wait())
                     continue
-                try:
-                    jobs = await _first(self._claim(free), shutdown.wait())
-                    backoff = 0.0
-                except JobqError as exc:
-                    backoff = min(_CLAIM_BACKOFF_MAX, backoff * 2 or 0.2)
-                    logger.warning(
-                        "claim failed (%s); retrying in %.1fs",
-                        exc,
-                        backoff,
-                        extra={"event": "claim_failed"},
-                    )
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(shutdown.wait(), timeout=backoff)
-                    continue
-                for job in jobs or []:
+                jobs = await self._next_jobs(free, shutdown)
+                for job in jobs:
                     running = Running(job)
                     task = tasks.create_task(self._run_guarded(running))
                     self._running[task] = running
                     self._metrics.active_jobs.set(len(self._running))
                     task.add_done_callback(self._finished)
             await self._drain()
+
+    async def _next_jobs(self, free: int, shutdown: asyncio.Event) -> list[JobMessage]:
+        """One long poll for up to `free` jobs; [] on shutdown, or after a failed claim and a
+        capped exponential pause (0.2 s doubling to 5 s)."""
+        try:
+            jobs: list[JobMessage] | None = await _first(self._claim(free), shutdown.wait())
+        except JobqError as exc:
+            self._backoff = min(_CLAIM_BACKOFF_MAX, self._backoff * 2 or 0.2)
+            # Starting before the queue service is normal (compose, honcho): say so once,
+            # quietly; failing after having worked, or for long, is worth a warning.
+            if self._connected or self._backoff >= _CLAIM_BACKOFF_MAX:
+                logger.warning(
+                    "claim failed (%s); retrying in %.1fs",
+                    exc,
+                    self._backoff,
+                    extra={"event": "claim_failed"},
+                )
+            elif self._backoff == 0.2:
+                logger.info(
+                    "waiting for the queue service (%s)", exc, extra={"event": "waiting_for_queue"}
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(shutdown.wait(), timeout=self._backoff)
+            return []
+        self._backoff, self._connected = 0.0, True
+        return jobs or []
 
     async def _claim(self, free: int) -> list[JobMessage]:
         return await self._client.claim(

@@ -149,3 +149,23 @@ async def test_health(client: httpx.AsyncClient) -> None:
     ready = await client.get("/health/ready")
     assert ready.status_code == 200, ready.text
     assert ready.json()["database"] == "ok"
+
+
+async def test_empty_body_wrong_content_type_and_missing_fields_are_precise(
+    client: httpx.AsyncClient, repository: JobRepository
+) -> None:
+    empty = await client.post("/jobs")
+    assert empty.status_code == 400
+    assert empty.json()["type"] == "urn:jobq:problem:malformed-request"
+    assert "empty" in empty.json()["detail"]
+
+    as_text = await client.post(
+        "/jobs", content=b'{"taskType":"x","payload":{}}', headers={"content-type": "text/plain"}
+    )
+    assert as_text.status_code == 415
+    assert as_text.json()["type"] == "urn:jobq:problem:unsupported-media-type"
+
+    missing = await client.post("/jobs", json={"taskType": "x"})
+    assert missing.status_code == 422
+    assert missing.json()["errors"][0]["pointer"] == "/payload"
+    assert await count_jobs(repository) == 0

@@ -54,3 +54,15 @@ def test_bad_worker_settings_fail(
 def test_database_url_gets_the_asyncpg_driver() -> None:
     assert async_database_url("postgresql://u@h/db") == "postgresql+asyncpg://u@h/db"
     assert async_database_url("postgres://u@h/db") == "postgresql+asyncpg://u@h/db"
+
+
+def test_load_settings_names_the_variable_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from common.settings import load_settings
+
+    monkeypatch.setenv("QUEUE_REAPER_INTERVAL", "5x")
+    with pytest.raises(SystemExit) as exited:
+        load_settings(QueueSettings)
+    assert exited.value.code == 2
+    assert "QUEUE_REAPER_INTERVAL: '5x' is not a duration" in capsys.readouterr().err
