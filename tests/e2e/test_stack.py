@@ -126,3 +126,24 @@ async def test_producer_reports_bad_input_and_unknown_jobs_as_problems(
     missing = await producer.get("/jobs/01a22994-cf82-7b07-9477-4ce715351173")
     assert missing.status_code == 404
     assert missing.json()["type"] == "urn:jobq:problem:job-not-found"
+
+
+async def test_producer_retries_cancels_and_redrives(producer: httpx.AsyncClient) -> None:
+    job_id = await submit(producer, {"taskType": "mystery", "payload": {}, "maxAttempts": 1})
+    view = await wait_for_status(producer, job_id, {"DEAD_LETTER"})
+    assert view["attempts"] == 1
+
+    retried = await producer.post(f"/jobs/{job_id}/retry")
+    assert retried.status_code == 200 and retried.json()["attempts"] == 0
+    await wait_for_status(producer, job_id, {"DEAD_LETTER"})
+    redriven = await producer.post("/dead-letter/redrive", json={"taskType": "mystery"})
+    assert redriven.status_code == 200 and redriven.json()["moved"] >= 1
+    redriven_view = await wait_for_status(producer, job_id, {"DEAD_LETTER"})
+    assert redriven_view["attempts"] == 1, "a redrive resets attempts"
+
+    later = await submit(producer, {"taskType": "noop", "payload": {}, "delaySeconds": 600})
+    cancelled = await producer.post(f"/jobs/{later}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "CANCELLED"
+    refused = await producer.post(f"/jobs/{later}/cancel")
+    assert refused.status_code == 409
+    assert refused.json()["type"] == "urn:jobq:problem:invalid-state"
