@@ -34,6 +34,7 @@ RESULT_MAX_BYTES = 256 * 1024
 ERRORS_HISTORY_MAX = 10
 WORKER_NAME_MAX = 200
 REDRIVE_LIMIT_MAX = 10_000_000
+BATCH_MAX = 500
 REDRIVE_BATCH = 500
 
 Name = Annotated[
@@ -112,6 +113,37 @@ class EnqueueRequest(SubmitJobRequest):
     """
 
     job_id: uuid.UUID | None = None
+
+
+class BatchSubmitRequest(_Wire):
+    """`POST /jobs/batch`: up to 500 entries, each a `SubmitJobRequest` (on the queue service,
+    an `EnqueueRequest`), validated one by one: a bad entry fails alone."""
+
+    jobs: Annotated[
+        list[Any],
+        Meta(
+            min_length=1,
+            max_length=BATCH_MAX,
+            description="Each entry has the shape of a single POST /jobs body.",
+        ),
+    ]
+
+
+class BatchEntryResult(_Wire):
+    """One entry's outcome, in request order: `status` 202 (created), 200 (replay, including
+    a repeated idempotency key within the batch), 409, 413 or 422 with `error` problem details."""
+
+    index: int
+    status: int
+    job_id: uuid.UUID | None = None
+    job_status: JobStatus | None = None
+    error: dict[str, Any] | None = None
+
+
+class BatchSubmitResponse(_Wire):
+    """`POST /jobs/batch` reply."""
+
+    results: list[BatchEntryResult]
 
 
 class SubmitJobResponse(_Wire):

@@ -38,6 +38,20 @@ def _pointer(msgspec_path: str) -> str:
     return "".join("/" + p for p in parts)
 
 
+def msgspec_error(message: str, root: str = "") -> InvalidInput:
+    """InvalidInput for a msgspec validation message such as
+    "Expected `int`, got `str` - at `$.priority`", with its JSON pointer under `root`."""
+    match = _MSGSPEC_PATH.search(message)
+    pointer = root + (_pointer(match.group("path")) if match else "")
+    named = _NAMED_FIELD.search(message)
+    if named:
+        pointer = f"{pointer}/{named.group('name')}"
+    detail = _MSGSPEC_PATH.sub("", message) or "invalid value"
+    return InvalidInput(
+        f"{pointer or '/'}: {detail}", errors=[{"pointer": pointer, "detail": detail}]
+    )
+
+
 def _validation_to_error(exc: ValidationException) -> JobqError:
     """Map Litestar's body/parameter validation failure onto InvalidInput or MalformedRequest."""
     entries = exc.extra if isinstance(exc.extra, list) else []

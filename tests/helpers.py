@@ -9,9 +9,9 @@ from datetime import datetime
 from typing import TypeVar
 
 from common.contracts import SubmitJobRequest
-from common.hashing import request_hash
+from common.enqueue import JobRow, job_row
 from common.ids import new_job_id
-from services.queue.repository import JobRepository, NewJob
+from services.queue.repository import JobRepository
 
 T = TypeVar("T")
 
@@ -24,22 +24,17 @@ def new_job(
     delay: float = 0,
     max_attempts: int = 5,
     payload: dict[str, object] | None = None,
-) -> NewJob:
-    """A valid NewJob with a fresh id."""
-    body = payload if payload is not None else {"n": 1}
-    request = SubmitJobRequest(task_type=task_type, payload=body, queue=queue, priority=priority)
-    return NewJob(
-        id=new_job_id(),
-        queue=queue,
+) -> JobRow:
+    """A valid job row with a fresh id."""
+    request = SubmitJobRequest(
         task_type=task_type,
-        payload=body,
+        payload=payload if payload is not None else {"n": 1},
+        queue=queue,
         priority=priority,
         delay_seconds=delay,
         max_attempts=max_attempts,
-        timeout_seconds=None,
-        idempotency_key=None,
-        request_hash=request_hash(request),
     )
+    return job_row(request, new_job_id(), max_attempts)
 
 
 async def eventually(

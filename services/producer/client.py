@@ -5,8 +5,11 @@ from __future__ import annotations
 import uuid
 
 import httpx
+import msgspec
 
 from common.contracts import (
+    BatchSubmitRequest,
+    BatchSubmitResponse,
     EnqueueRequest,
     JobView,
     RedriveRequest,
@@ -31,6 +34,14 @@ class QueueServiceClient:
         """Create the job (or replay it); returns the reply and whether it was created (202)."""
         response = await call(self._http, "POST", "/jobs", request, read_timeout=self._timeout)
         return decode(response, SubmitJobResponse), response.status_code == 202
+
+    async def submit_batch(self, requests: list[EnqueueRequest]) -> BatchSubmitResponse:
+        """Create many jobs in one call; results are indexed by position in `requests`."""
+        body = BatchSubmitRequest(jobs=[msgspec.to_builtins(r) for r in requests])
+        response = await call(
+            self._http, "POST", "/jobs/batch", body, read_timeout=self._timeout * 2
+        )
+        return decode(response, BatchSubmitResponse)
 
     async def get(self, job_id: uuid.UUID) -> JobView:
         """The job's view; raises JobNotFound."""

@@ -11,7 +11,10 @@ from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
+from common.batch import decode_entries, entry_result, split_valid
 from common.contracts import (
+    BatchSubmitRequest,
+    BatchSubmitResponse,
     EnqueueRequest,
     JobView,
     RedriveRequest,
@@ -19,6 +22,7 @@ from common.contracts import (
     SubmitJobRequest,
     SubmitJobResponse,
 )
+from common.errors import JobqError
 from common.ids import new_job_id
 from common.validation import check_payload
 from services.producer.client import QueueServiceClient
@@ -61,6 +65,30 @@ class JobController(Controller):
             status_code=202 if created else 200,
             headers={"Location": f"/jobs/{reply.job_id}"},
         )
+
+    @post(
+        "/batch",
+        status_code=200,
+        summary="Submit up to 500 jobs",
+        responses={400: _PROBLEM, 413: _PROBLEM, 415: _PROBLEM, 422: _PROBLEM, 503: _PROBLEM},
+    )
+    async def submit_batch(
+        self, data: JSONBody[BatchSubmitRequest], queue: NamedDependency[QueueServiceClient]
+    ) -> BatchSubmitResponse:
+        """Each entry is validated on its own and answered in order: 202 created, 200 replay
+        (also a key repeated within the batch), 409, 413 or 422 with problem details."""
+        decoded = decode_entries(data.jobs, SubmitJobRequest)
+        indexes, valid = split_valid(decoded)
+        results = [entry_result(i, d) for i, d in enumerate(decoded) if isinstance(d, JobqError)]
+        if valid:
+            forwarded = [
+                EnqueueRequest(**msgspec.structs.asdict(request), job_id=new_job_id())
+                for request in valid
+            ]
+            reply = await queue.submit_batch(forwarded)
+            for entry in reply.results:
+                results.append(msgspec.structs.replace(entry, index=indexes[entry.index]))
+        return BatchSubmitResponse(results=sorted(results, key=lambda r: r.index))
 
     @get("/{job_id:uuid}", summary="Read a job", responses={404: _PROBLEM, 503: _PROBLEM})
     async def read(

@@ -24,40 +24,21 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.types import String
 
 from common.contracts import ERRORS_HISTORY_MAX, ErrorEntry, JobMessage, JobStatus, JobView
+from common.enqueue import (
+    ENQUEUE_NAMED,
+    FIND_EXISTING_NAMED,
+    WAKEUP_CHANNEL,
+    Existing,
+    Inserted,
+    JobRow,
+    encode_rows,
+)
 from common.errors import ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
 LEASE_CAP_HOURS = 12
 """No lease extends past this many hours after its claim (as in SQS)."""
-
-WAKEUP_CHANNEL = "jobq_ready"
-"""LISTEN/NOTIFY channel; the payload is `<queue>:<number of jobs made ready>`."""
-
-
-@dataclass(frozen=True, slots=True)
-class NewJob:
-    """A validated job ready to insert; `delay_seconds` > 0 makes it SCHEDULED."""
-
-    id: uuid.UUID
-    queue: str
-    task_type: str
-    payload: dict[str, Any]
-    priority: int
-    delay_seconds: float
-    max_attempts: int
-    timeout_seconds: int | None
-    idempotency_key: str | None
-    request_hash: str
-
-
-@dataclass(frozen=True, slots=True)
-class ExistingJob:
-    """The job an insert collided with (same id or same idempotency key)."""
-
-    id: uuid.UUID
-    status: JobStatus
-    request_hash: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,32 +115,9 @@ _JOB_COLUMNS = (
 
 _RETURNING_JOB = ", ".join("job." + c.strip() for c in _JOB_COLUMNS.split(","))
 
-_INSERT = text(
-    f"""
-    INSERT INTO job (id, queue, task_type, payload, status, priority, max_attempts,
-                     timeout_seconds, visible_at, idempotency_key, request_hash,
-                     created_at, updated_at)
-    VALUES (:id, :queue, :task_type, :payload,
-            CASE WHEN :delay > 0 THEN 'SCHEDULED' ELSE 'PENDING' END,
-            :priority, :max_attempts, :timeout_seconds,
-            statement_timestamp() + make_interval(secs => :delay),
-            :idempotency_key, :request_hash, statement_timestamp(), statement_timestamp())
-    -- No conflict target: a collision on the id (a replayed forward) or on the idempotency key
-    -- both mean "this job may exist already", which the caller resolves by reading it.
-    ON CONFLICT DO NOTHING
-    RETURNING {_JOB_COLUMNS}
-    """
-).bindparams(bindparam("payload", type_=JSONB))
+_ENQUEUE = text(ENQUEUE_NAMED)
 
-_FIND_EXISTING = text(
-    """
-    SELECT id, status, request_hash FROM job
-    WHERE id = :id OR (CAST(:idempotency_key AS text) IS NOT NULL
-                       AND idempotency_key = :idempotency_key)
-    ORDER BY (id = :id) DESC
-    LIMIT 1
-    """
-)
+_FIND_EXISTING = text(FIND_EXISTING_NAMED)
 
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
@@ -456,47 +414,33 @@ class JobRepository:
         async with self._transaction() as conn:
             await conn.execute(text("SELECT 1"))
 
-    async def insert(self, job: NewJob) -> JobView | None:
-        """Insert `job` and, when it is ready now, notify waiting claimers in the same
-        transaction. Returns the new job, or None when its id or idempotency key exists."""
+    async def insert_many(self, rows: list[JobRow]) -> list[Inserted]:
+        """Insert `rows` in one statement (which also wakes claimers of queues that got ready
+        jobs). Returns the jobs created; a row whose id or idempotency key exists is skipped."""
+        if not rows:
+            return []
         async with self._transaction() as conn:
-            result = await conn.execute(
-                _INSERT,
-                {
-                    "id": job.id,
-                    "queue": job.queue,
-                    "task_type": job.task_type,
-                    "payload": job.payload,
-                    "priority": job.priority,
-                    "delay": float(job.delay_seconds),
-                    "max_attempts": job.max_attempts,
-                    "timeout_seconds": job.timeout_seconds,
-                    "idempotency_key": job.idempotency_key,
-                    "request_hash": job.request_hash,
-                },
-            )
-            row = result.mappings().first()
-            if row is None:
-                return None
-            view = _to_view(row)
-            if view.status is JobStatus.PENDING:
-                await conn.execute(
-                    _NOTIFY, {"channel": WAKEUP_CHANNEL, "payload": f"{job.queue}:1"}
-                )
-            return view
+            result = await conn.execute(_ENQUEUE, {"rows": encode_rows(rows)})
+            return [
+                Inserted(r["id"], r["queue"], r["task_type"], JobStatus(r["status"]))
+                for r in result.mappings().all()
+            ]
+
+    async def insert(self, row: JobRow) -> Inserted | None:
+        """Insert one job; None when its id or idempotency key exists."""
+        inserted = await self.insert_many([row])
+        return inserted[0] if inserted else None
 
     async def find_existing(
         self, job_id: uuid.UUID, idempotency_key: str | None
-    ) -> ExistingJob | None:
+    ) -> Existing | None:
         """The job holding this id or idempotency key (the id first), or None."""
         async with self._transaction() as conn:
-            result = await conn.execute(
-                _FIND_EXISTING, {"id": job_id, "idempotency_key": idempotency_key}
-            )
+            result = await conn.execute(_FIND_EXISTING, {"id": job_id, "key": idempotency_key})
             row = result.mappings().first()
         if row is None:
             return None
-        return ExistingJob(row["id"], JobStatus(row["status"]), row["request_hash"])
+        return Existing(row["id"], JobStatus(row["status"]), row["request_hash"])
 
     async def get(self, job_id: uuid.UUID) -> tuple[JobView, uuid.UUID | None] | None:
         """The job and its current receipt handle (lease id), or None."""

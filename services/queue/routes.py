@@ -13,8 +13,11 @@ from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
+from common.batch import decode_entries, entry_result, split_valid
 from common.contracts import (
     AckRequest,
+    BatchSubmitRequest,
+    BatchSubmitResponse,
     CancelledRequest,
     ClaimRequest,
     ClaimResponse,
@@ -28,6 +31,7 @@ from common.contracts import (
     RedriveResponse,
     SubmitJobResponse,
 )
+from common.errors import JobqError
 from services.queue.depth import DepthCache, current_depth
 from services.queue.reports import repair_report_bodies
 from services.queue.service import QueueService
@@ -62,6 +66,22 @@ class JobController(Controller):
             status_code=202 if submitted.created else 200,
             headers={"Location": f"/jobs/{submitted.response.job_id}"},
         )
+
+    @post("/batch", status_code=200, summary="Create up to 500 jobs")
+    async def submit_batch(
+        self, data: JSONBody[BatchSubmitRequest], service: NamedDependency[QueueService]
+    ) -> BatchSubmitResponse:
+        """Each entry (an EnqueueRequest) is validated on its own; the valid ones are inserted
+        by one multi-row statement. Results come in request order."""
+        decoded = decode_entries(data.jobs, EnqueueRequest)
+        indexes, valid = split_valid(decoded)
+        results = [entry_result(i, d) for i, d in enumerate(decoded) if isinstance(d, JobqError)]
+        for index, outcome in zip(indexes, await service.enqueue_many(valid), strict=True):
+            if isinstance(outcome, JobqError):
+                results.append(entry_result(index, outcome))
+            else:
+                results.append(entry_result(index, (outcome.response, outcome.created)))
+        return BatchSubmitResponse(results=sorted(results, key=lambda r: r.index))
 
     @get("/{job_id:uuid}", summary="Read a job", responses={404: _PROBLEM})
     async def read(

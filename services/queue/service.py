@@ -30,19 +30,20 @@ from common.contracts import (
     JobView,
     SubmitJobResponse,
 )
+from common.enqueue import JobRow, job_row
 from common.errors import (
     IdempotencyConflict,
     InvalidState,
     JobNotFound,
+    JobqError,
     ServiceUnavailable,
     StaleReceiptHandle,
 )
-from common.hashing import request_hash
 from common.ids import new_job_id
 from common.text import sanitize_result, sanitize_text
 from common.validation import check_payload
 from services.queue.metrics import QueueMetrics
-from services.queue.repository import JobRepository, NewJob, Settled
+from services.queue.repository import JobRepository, Settled
 from services.queue.settings import QueueSettings
 from services.queue.wakeup import WakeupHub
 
@@ -57,6 +58,11 @@ class Submitted:
 
     response: SubmitJobResponse
     created: bool
+
+
+def _conflict(row: JobRow, existing: uuid.UUID) -> IdempotencyConflict:
+    what = f"job id {row.id}" if row.id == existing else f"idempotency key {row.idempotency_key!r}"
+    return IdempotencyConflict(f"{what} is already used by job {existing} with a different request")
 
 
 def _outcome(status: JobStatus) -> str:
@@ -91,53 +97,93 @@ class QueueService:
         self._shutdown = shutdown
 
     async def enqueue(self, request: EnqueueRequest) -> Submitted:
-        """Create the job, or recognise a replay of one created before.
+        """Create one job, or recognise a replay of one created before (see `enqueue_many`).
 
-        A replay is the same job id (a retried forward) or the same idempotency key with the
-        same request hash: the existing job's id and current status, `created=False`.
         Raises PayloadTooLarge/InvalidInput for a payload that cannot be stored,
         IdempotencyConflict when the key belongs to a different request.
         """
-        check_payload(request.payload)
-        fingerprint = request_hash(request)
-        job = NewJob(
-            id=request.job_id or new_job_id(),
-            queue=request.queue,
-            task_type=request.task_type,
-            payload=request.payload,
-            priority=request.priority,
-            delay_seconds=request.delay_seconds,
-            max_attempts=request.max_attempts or self._settings.queue_max_attempts,
-            timeout_seconds=request.timeout_seconds,
-            idempotency_key=request.idempotency_key,
-            request_hash=fingerprint,
-        )
-        # Insert, then read in a new statement; a concurrent twin may commit between the two,
-        # and retention may delete the row we collided with, so try again a few times.
-        for _ in range(_INSERT_ATTEMPTS):
-            view = await self.repository.insert(job)
-            if view is not None:
-                self._metrics.enqueued.labels(
-                    self._metrics.queue_label(view.queue), self._metrics.task_label(view.task_type)
-                ).inc()
-                logger.debug(
-                    "job enqueued", extra={"event": "job_enqueued", "job_id": str(view.id)}
-                )
-                return Submitted(SubmitJobResponse(job_id=view.id, status=view.status), True)
-            existing = await self.repository.find_existing(job.id, job.idempotency_key)
-            if existing is None:
+        [outcome] = await self.enqueue_many([request])
+        if isinstance(outcome, JobqError):
+            raise outcome
+        return outcome
+
+    async def enqueue_many(self, requests: list[EnqueueRequest]) -> list[Submitted | JobqError]:
+        """Create jobs with one multi-row statement; one outcome per request, in order.
+
+        A replay is the same job id (a retried forward) or the same idempotency key with the
+        same request hash: the existing job's id and current status, `created=False`. A key
+        repeated inside the batch is a replay of its first use. A key already used by a
+        different request is IdempotencyConflict; an unstorable payload, PayloadTooLarge or
+        InvalidInput.
+        """
+        outcomes: list[Submitted | JobqError | None] = [None] * len(requests)
+        rows: dict[int, JobRow] = {}
+        repeats: dict[int, tuple[int, JobRow]] = {}
+        first_use: dict[str, int] = {}
+        default_attempts = self._settings.queue_max_attempts
+        for index, request in enumerate(requests):
+            try:
+                check_payload(request.payload)
+            except JobqError as exc:
+                outcomes[index] = exc
                 continue
-            if existing.request_hash != fingerprint:
-                what = (
-                    f"job id {job.id}"
-                    if existing.id == job.id
-                    else f"idempotency key {job.idempotency_key!r}"
+            row = job_row(request, request.job_id or new_job_id(), default_attempts)
+            key = request.idempotency_key
+            if key is not None and key in first_use:
+                repeats[index] = (first_use[key], row)
+                continue
+            if key is not None:
+                first_use[key] = index
+            rows[index] = row
+        await self._insert_resolving(rows, outcomes)
+        for index, (first, row) in repeats.items():
+            earlier = outcomes[first]
+            if isinstance(earlier, Submitted):
+                same = row.request_hash == rows[first].request_hash
+                outcomes[index] = (
+                    Submitted(earlier.response, False)
+                    if same
+                    else _conflict(row, earlier.response.job_id)
                 )
-                raise IdempotencyConflict(
-                    f"{what} is already used by job {existing.id} with a different request"
-                )
-            return Submitted(SubmitJobResponse(job_id=existing.id, status=existing.status), False)
-        raise ServiceUnavailable("could not settle a concurrent submission; retry")
+            else:
+                outcomes[index] = earlier
+        return [o if o is not None else JobqError("no outcome") for o in outcomes]
+
+    async def _insert_resolving(
+        self, rows: dict[int, JobRow], outcomes: list[Submitted | JobqError | None]
+    ) -> None:
+        # Insert, then read collisions in new statements: a concurrent twin may commit in
+        # between, and retention may delete the row we collided with, so try a few times.
+        pending = dict(rows)
+        for _ in range(_INSERT_ATTEMPTS):
+            if not pending:
+                return
+            created = {
+                job.id: job for job in await self.repository.insert_many(list(pending.values()))
+            }
+            vanished: dict[int, JobRow] = {}
+            for index, row in pending.items():
+                job = created.get(row.id)
+                if job is not None:
+                    self._metrics.enqueued.labels(
+                        self._metrics.queue_label(job.queue),
+                        self._metrics.task_label(job.task_type),
+                    ).inc()
+                    outcomes[index] = Submitted(
+                        SubmitJobResponse(job_id=job.id, status=job.status), True
+                    )
+                    continue
+                existing = await self.repository.find_existing(row.id, row.idempotency_key)
+                if existing is None:
+                    vanished[index] = row
+                elif existing.request_hash != row.request_hash:
+                    outcomes[index] = _conflict(row, existing.id)
+                else:
+                    reply = SubmitJobResponse(job_id=existing.id, status=existing.status)
+                    outcomes[index] = Submitted(reply, False)
+            pending = vanished
+        for index in pending:
+            outcomes[index] = ServiceUnavailable("could not settle a concurrent submission; retry")
 
     async def get(self, job_id: uuid.UUID) -> JobView:
         """The job's view; raises JobNotFound."""

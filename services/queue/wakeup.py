@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from services.queue.repository import WAKEUP_CHANNEL
+from common.enqueue import WAKEUP_CHANNEL
 
 logger = logging.getLogger(__name__)
 
