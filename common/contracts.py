@@ -35,6 +35,7 @@ ERRORS_HISTORY_MAX = 10
 WORKER_NAME_MAX = 200
 REDRIVE_LIMIT_MAX = 10_000_000
 BATCH_MAX = 500
+LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX = 50, 500
 REDRIVE_BATCH = 500
 
 Name = Annotated[
@@ -185,6 +186,14 @@ class JobView(_Wire):
     claimed_at: datetime | None
     finished_at: datetime | None
     cancel_requested: bool
+
+
+class JobList(_Wire):
+    """`GET /jobs` page, newest first; pass `next_cursor` as `cursor` for the next page
+    (None on the last page). Keyset pagination: stable while new jobs arrive."""
+
+    items: list[JobView]
+    next_cursor: str | None
 
 
 # --- worker protocol -------------------------------------------------------------------------

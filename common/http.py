@@ -41,6 +41,7 @@ async def call(
     body: Any = None,
     *,
     read_timeout: float | None = None,
+    params: dict[str, str | int] | None = None,
 ) -> httpx.Response:
     """Send one request (body encoded with msgspec) and return a 2xx response.
 
@@ -48,7 +49,11 @@ async def call(
     peer cannot be reached or times out.
     """
     content = None if body is None else msgspec.json.encode(body)
-    kwargs: dict[str, Any] = {"content": content, "headers": _JSON if content is not None else None}
+    kwargs: dict[str, Any] = {
+        "content": content,
+        "headers": _JSON if content is not None else None,
+        "params": params,
+    }
     if read_timeout is not None:
         kwargs["timeout"] = httpx.Timeout(read_timeout, connect=3.0)
     try:

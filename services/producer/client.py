@@ -11,6 +11,7 @@ from common.contracts import (
     BatchSubmitRequest,
     BatchSubmitResponse,
     EnqueueRequest,
+    JobList,
     JobView,
     RedriveRequest,
     RedriveResponse,
@@ -42,6 +43,11 @@ class QueueServiceClient:
             self._http, "POST", "/jobs/batch", body, read_timeout=self._timeout * 2
         )
         return decode(response, BatchSubmitResponse)
+
+    async def list_jobs(self, params: dict[str, str | int]) -> JobList:
+        """One page of `GET /jobs` with the given (already validated) query parameters."""
+        response = await call(self._http, "GET", "/jobs", read_timeout=self._timeout, params=params)
+        return decode(response, JobList)
 
     async def get(self, job_id: uuid.UUID) -> JobView:
         """The job's view; raises JobNotFound."""

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Response, get, post
 from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, JSONBody, QueryParameter
 
 from common.batch import decode_entries, entry_result, split_valid
 from common.contracts import (
+    LIST_LIMIT_DEFAULT,
+    NAME_PATTERN,
     BatchSubmitRequest,
     BatchSubmitResponse,
     EnqueueRequest,
+    JobList,
     JobView,
     RedriveRequest,
     RedriveResponse,
@@ -24,6 +27,7 @@ from common.contracts import (
 )
 from common.errors import JobqError
 from common.ids import new_job_id
+from common.queries import Cursor, Limit, StatusFilter, TaskTypeFilter
 from common.validation import check_payload
 from services.producer.client import QueueServiceClient
 
@@ -89,6 +93,31 @@ class JobController(Controller):
             for entry in reply.results:
                 results.append(msgspec.structs.replace(entry, index=indexes[entry.index]))
         return BatchSubmitResponse(results=sorted(results, key=lambda r: r.index))
+
+    @get("/", summary="List jobs (newest first)", responses={400: _PROBLEM, 503: _PROBLEM})
+    async def list_jobs(
+        self,
+        queue: NamedDependency[QueueServiceClient],
+        status: StatusFilter = None,
+        queue_name: Annotated[
+            str | None, QueryParameter(name="queue", pattern=NAME_PATTERN)
+        ] = None,
+        task_type: TaskTypeFilter = None,
+        cursor: Cursor = None,
+        limit: Limit = LIST_LIMIT_DEFAULT,
+    ) -> JobList:
+        """Filter by status (`DEAD_LETTER` lists the dead-letter queue), queue and task type;
+        keyset pagination, stable while new jobs arrive."""
+        params: dict[str, str | int] = {"limit": limit}
+        for name, value in (
+            ("status", status),
+            ("queue", queue_name),
+            ("taskType", task_type),
+            ("cursor", cursor),
+        ):
+            if value is not None:
+                params[name] = value
+        return await queue.list_jobs(params)
 
     @get("/{job_id:uuid}", summary="Read a job", responses={404: _PROBLEM, 503: _PROBLEM})
     async def read(

@@ -652,6 +652,35 @@ class JobRepository:
             )
         return int(result.rowcount)
 
+    async def list_jobs(
+        self,
+        *,
+        status: JobStatus | None,
+        queue: str | None,
+        task_type: str | None,
+        before: uuid.UUID | None,
+        limit: int,
+    ) -> list[JobView]:
+        """Jobs matching the filters with id < `before` (keyset), newest first, at most `limit`.
+
+        Only the given filters enter the statement, so each combination gets its own plan
+        (ix_job_status_id, ix_job_queue_id or the primary key, walked backwards).
+        """
+        conditions: list[str] = []
+        params: dict[str, Any] = {"limit": limit}
+        for column, value in (("status", status), ("queue", queue), ("task_type", task_type)):
+            if value is not None:
+                conditions.append(f"{column} = :{column}")
+                params[column] = value
+        if before is not None:
+            conditions.append("id < :before")
+            params["before"] = before
+        where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
+        statement = text(f"SELECT {_JOB_COLUMNS} FROM job {where} ORDER BY id DESC LIMIT :limit")
+        async with self._transaction() as conn:
+            rows = (await conn.execute(statement, params)).mappings().all()
+        return [_to_view(row) for row in rows]
+
     async def depth(self) -> list[DepthRow]:
         """Counts of live and dead-lettered jobs per (queue, status)."""
         async with self._transaction() as conn:

@@ -15,6 +15,7 @@ from litestar.params import FromPath, JSONBody
 
 from common.batch import decode_entries, entry_result, split_valid
 from common.contracts import (
+    LIST_LIMIT_DEFAULT,
     AckRequest,
     BatchSubmitRequest,
     BatchSubmitResponse,
@@ -25,6 +26,7 @@ from common.contracts import (
     FailRequest,
     HeartbeatRequest,
     HeartbeatResponse,
+    JobList,
     JobView,
     QueuesResponse,
     RedriveRequest,
@@ -32,6 +34,7 @@ from common.contracts import (
     SubmitJobResponse,
 )
 from common.errors import JobqError
+from common.queries import Cursor, Limit, QueueFilter, StatusFilter, TaskTypeFilter
 from services.queue.depth import DepthCache, current_depth
 from services.queue.reports import repair_report_bodies
 from services.queue.service import QueueService
@@ -82,6 +85,22 @@ class JobController(Controller):
             else:
                 results.append(entry_result(index, (outcome.response, outcome.created)))
         return BatchSubmitResponse(results=sorted(results, key=lambda r: r.index))
+
+    @get("/", summary="List jobs (newest first)", responses={400: _PROBLEM})
+    async def list_jobs(
+        self,
+        service: NamedDependency[QueueService],
+        status: StatusFilter = None,
+        queue: QueueFilter = None,
+        task_type: TaskTypeFilter = None,
+        cursor: Cursor = None,
+        limit: Limit = LIST_LIMIT_DEFAULT,
+    ) -> JobList:
+        """Filter by status (`DEAD_LETTER` lists the dead-letter queue), queue and task type;
+        keyset pagination by id, stable while new jobs arrive."""
+        return await service.list_jobs(
+            status=status, queue=queue, task_type=task_type, cursor=cursor, limit=limit
+        )
 
     @get("/{job_id:uuid}", summary="Read a job", responses={404: _PROBLEM})
     async def read(

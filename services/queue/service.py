@@ -25,6 +25,7 @@ from common.contracts import (
     FailRequest,
     HeartbeatRequest,
     HeartbeatResponse,
+    JobList,
     JobMessage,
     JobStatus,
     JobView,
@@ -33,6 +34,7 @@ from common.contracts import (
 from common.enqueue import JobRow, job_row
 from common.errors import (
     IdempotencyConflict,
+    InvalidInput,
     InvalidState,
     JobNotFound,
     JobqError,
@@ -191,6 +193,32 @@ class QueueService:
         if found is None:
             raise JobNotFound(f"no job has id {job_id}")
         return found[0]
+
+    async def list_jobs(
+        self,
+        *,
+        status: JobStatus | None,
+        queue: str | None,
+        task_type: str | None,
+        cursor: str | None,
+        limit: int,
+    ) -> JobList:
+        """One page of jobs, newest first. Raises InvalidInput for a cursor this service did
+        not hand out."""
+        before = None
+        if cursor is not None:
+            try:
+                before = uuid.UUID(cursor)
+            except ValueError:
+                raise InvalidInput(
+                    "cursor is not one this service returned",
+                    errors=[{"pointer": "query:cursor", "detail": "not a valid cursor"}],
+                ) from None
+        items = await self.repository.list_jobs(
+            status=status, queue=queue, task_type=task_type, before=before, limit=limit
+        )
+        next_cursor = str(items[-1].id) if len(items) == limit else None
+        return JobList(items=items, next_cursor=next_cursor)
 
     async def claim(
         self, request: ClaimRequest, disconnected: asyncio.Future[Any] | None = None

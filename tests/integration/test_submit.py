@@ -156,3 +156,66 @@ async def test_many_scheduled_high_priority_jobs_do_not_slow_ready_claims(
     assert "ix_job_claim" in plan and "Seq Scan" not in plan, plan
     [claimed] = await repository.claim(["default"], "w", 10, 30)
     assert claimed.id == ready.id
+
+
+async def test_pagination_walk_sees_every_earlier_job_once_despite_concurrent_inserts(
+    client: httpx.AsyncClient, repository: JobRepository
+) -> None:
+    before = {(await repository.insert(new_job(queue="walk"))).id for _ in range(230)}  # type: ignore[union-attr]
+    stop = asyncio.Event()
+
+    async def keep_inserting() -> int:
+        count = 0
+        while not stop.is_set():
+            await client.post("/jobs", json={"taskType": "noop", "queue": "walk", "payload": {}})
+            count += 1
+        return count
+
+    inserter = asyncio.create_task(keep_inserting())
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"queue": "walk", "limit": 17}
+        if cursor:
+            params["cursor"] = cursor
+        page = (await client.get("/jobs", params=params)).json()
+        seen.extend(item["id"] for item in page["items"])
+        assert [i["id"] for i in page["items"]] == sorted(
+            (i["id"] for i in page["items"]), reverse=True
+        ), "newest first"
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+    stop.set()
+    inserted_meanwhile = await inserter
+
+    assert inserted_meanwhile > 0
+    assert len(seen) == len(set(seen)), "a job appeared twice"
+    assert {str(i) for i in before} <= set(seen)
+
+
+async def test_listing_filters_and_bad_parameters(client: httpx.AsyncClient) -> None:
+    await client.post("/jobs", json={"taskType": "a", "payload": {}, "queue": "q1"})
+    await client.post("/jobs", json={"taskType": "b", "payload": {}, "queue": "q1"})
+    await client.post(
+        "/jobs", json={"taskType": "a", "payload": {}, "queue": "q2", "delaySeconds": 60}
+    )
+
+    def ids(reply: httpx.Response) -> int:
+        assert reply.status_code == 200, reply.text
+        return len(reply.json()["items"])
+
+    assert ids(await client.get("/jobs", params={"queue": "q1"})) == 2
+    assert ids(await client.get("/jobs", params={"taskType": "a"})) == 2
+    assert ids(await client.get("/jobs", params={"status": "SCHEDULED"})) == 1
+    assert ids(await client.get("/jobs", params={"status": "DEAD_LETTER"})) == 0
+    for bad in (
+        {"limit": 0},
+        {"limit": 501},
+        {"status": "DONE"},
+        {"queue": "Bad Q"},
+        {"cursor": "x"},
+    ):
+        reply = await client.get("/jobs", params=bad)
+        assert reply.status_code == 422, (bad, reply.text)
+        assert reply.headers["content-type"].startswith("application/problem+json")

@@ -1,0 +1,29 @@
+"""Query-string parameters of `GET /jobs`, with the bounds of DESIGN.md §5, shared by both
+services so validation and OpenAPI agree."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from litestar.params import QueryParameter
+
+from common.contracts import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, NAME_PATTERN, JobStatus
+
+StatusFilter = Annotated[JobStatus | None, QueryParameter(description="Only jobs in this state.")]
+QueueFilter = Annotated[
+    str | None, QueryParameter(pattern=NAME_PATTERN, description="Only jobs of this queue.")
+]
+TaskTypeFilter = Annotated[
+    str | None,
+    QueryParameter(name="taskType", pattern=NAME_PATTERN, description="Only this task type."),
+]
+Cursor = Annotated[
+    str | None,
+    QueryParameter(max_length=64, description="`nextCursor` of the previous page."),
+]
+Limit = Annotated[
+    int,
+    QueryParameter(
+        ge=1, le=LIST_LIMIT_MAX, description=f"Page size (default {LIST_LIMIT_DEFAULT})."
+    ),
+]
