@@ -17,7 +17,9 @@ from msgspec import Meta
 
 # --- bounds (DESIGN.md §5) -------------------------------------------------------------------
 
-NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+# `(?!\n)` keeps Python's `$` from matching before a trailing newline ("default\n"); in
+# ECMA-262 regexes (OpenAPI, JSON Schema) it is a no-op.
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}(?!\n)$"
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
 MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 100
 MAX_DELAY_SECONDS = 14 * 24 * 3600
@@ -62,11 +64,19 @@ IdempotencyKey = Annotated[
     Meta(
         min_length=1,
         max_length=IDEMPOTENCY_KEY_MAX_BYTES,
-        pattern=r"^[\x20-\x7e]+$",
+        pattern=r"^[\x20-\x7e]+(?!\n)$",
         description="Printable ASCII, 1..255 bytes; global, lives as long as its job.",
     ),
 ]
-WorkerName = Annotated[str, Meta(min_length=1, max_length=WORKER_NAME_MAX)]
+WorkerName = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=WORKER_NAME_MAX,
+        pattern=r"^[\x21-\x7e]+(?!\n)$",
+        description="Printable ASCII without spaces, e.g. host-pid; shown as lockedBy.",
+    ),
+]
 Payload = Annotated[
     dict[str, Any],
     Meta(description=f"A JSON object of at most {PAYLOAD_MAX_BYTES} bytes, nesting ≤ 32."),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, TypeVar
 
 import httpx
@@ -10,6 +11,7 @@ import msgspec
 from common.errors import JobqError, ServiceUnavailable, from_problem
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -59,7 +61,16 @@ async def call(
     try:
         response = await client.request(method, path, **kwargs)
     except httpx.TransportError as exc:
-        raise ServiceUnavailable(f"{client.base_url} unreachable: {type(exc).__name__}") from exc
+        # The address stays in the log: a public caller of the producer must not learn it.
+        logger.warning(
+            "%s %s%s failed: %s",
+            method,
+            client.base_url,
+            path,
+            type(exc).__name__,
+            extra={"event": "upstream_unavailable"},
+        )
+        raise ServiceUnavailable("a jobq service is unreachable; retry shortly") from exc
     if response.is_success:
         return response
     try:

@@ -30,22 +30,39 @@ def sanitize_text(text: str, max_bytes: int) -> str:
     return encoded[:room].decode("utf-8", errors="ignore") + marker
 
 
-def _sanitize_value(value: Any) -> Any:
+RESULT_MAX_DEPTH = 64
+"""Results nested deeper than this are stored as a stub (deep JSON costs recursion to handle)."""
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def _sanitize_value(value: Any, depth: int = 0) -> Any:
     if isinstance(value, str):
         return _UNSTORABLE.sub(REPLACEMENT, value)
+    if isinstance(value, dict | list) and depth >= RESULT_MAX_DEPTH:
+        raise _TooDeep
     if isinstance(value, dict):
-        return {_UNSTORABLE.sub(REPLACEMENT, str(k)): _sanitize_value(v) for k, v in value.items()}
+        return {
+            _UNSTORABLE.sub(REPLACEMENT, str(k)): _sanitize_value(v, depth + 1)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [_sanitize_value(v) for v in value]
+        return [_sanitize_value(v, depth + 1) for v in value]
     return value
 
 
 def sanitize_result(result: Any, max_bytes: int) -> Any:
     """Return `result` with every string sanitised; if its JSON exceeds `max_bytes`, a stub.
 
-    The stub is `{"truncated": true, "bytes": N, "preview": "<first bytes of the JSON>"}`.
+    The stub is `{"truncated": true, "bytes": N, "preview": "<first bytes of the JSON>"}`, or
+    `{"truncated": true, "reason": …}` for a result nested deeper than RESULT_MAX_DEPTH.
     """
-    clean = _sanitize_value(result)
+    try:
+        clean = _sanitize_value(result)
+    except _TooDeep:
+        return {"truncated": True, "reason": f"nested deeper than {RESULT_MAX_DEPTH} levels"}
     encoded = msgspec.json.encode(clean)
     if len(encoded) <= max_bytes:
         return clean
@@ -60,7 +77,11 @@ _JSON_SURROGATE_ESCAPES = re.compile(
 )
 
 
-def repair_lone_surrogate_escapes(body: bytes) -> bytes:
+LONE_SURROGATE_MARK = "\U0010fffe"
+"""A noncharacter that stands in for an unpaired surrogate found in a submitted body."""
+
+
+def repair_lone_surrogate_escapes(body: bytes, replacement: bytes = b"\\ufffd") -> bytes:
     """Replace JSON `\\uD800`-style escapes of unpaired surrogates with `\\uFFFD`.
 
     A worker's error text may hold them (a decoded byte soup, a truncated emoji); they are valid
@@ -70,6 +91,6 @@ def repair_lone_surrogate_escapes(body: bytes) -> bytes:
 
     def replace(match: re.Match[bytes]) -> bytes:
         text = match.group()
-        return text if text == b"\\\\" or len(text) == 12 else b"\\ufffd"
+        return text if text == b"\\\\" or len(text) == 12 else replacement
 
     return _JSON_SURROGATE_ESCAPES.sub(replace, body)

@@ -12,25 +12,33 @@ import msgspec
 
 from common.contracts import PAYLOAD_MAX_BYTES, PAYLOAD_MAX_DEPTH
 from common.errors import InvalidInput, PayloadTooLarge
+from common.text import LONE_SURROGATE_MARK
 
 
 def _pointer_token(key: object) -> str:
     return str(key).replace("~", "~0").replace("/", "~1")
 
 
+def _unstorable_text(text: str, pointer: str, what: str) -> tuple[str, str] | None:
+    if "\x00" in text:
+        return pointer, f"{what} contains a NUL character (\\u0000), which cannot be stored"
+    if LONE_SURROGATE_MARK in text:
+        return pointer, f"{what} contains an unpaired surrogate (\\ud800-\\udfff): not Unicode"
+    return None
+
+
 def _first_unstorable(value: Any, pointer: str, depth: int) -> tuple[str, str] | None:
     """Walk `value`; return (pointer, problem) for the first unstorable or too-deep spot."""
-    if depth > PAYLOAD_MAX_DEPTH:
+    if isinstance(value, dict | list) and depth > PAYLOAD_MAX_DEPTH:
         return pointer, f"nesting deeper than {PAYLOAD_MAX_DEPTH} levels"
     if isinstance(value, str):
-        if "\x00" in value:
-            return pointer, "text contains a NUL character (\\u0000), which cannot be stored"
-        return None
+        return _unstorable_text(value, pointer, "text")
     if isinstance(value, dict):
         for key, item in value.items():
             child = f"{pointer}/{_pointer_token(key)}"
-            if "\x00" in str(key):
-                return child, "a key contains a NUL character (\\u0000), which cannot be stored"
+            found = _unstorable_text(str(key), child, "a key")
+            if found:
+                return found
             found = _first_unstorable(item, child, depth + 1)
             if found:
                 return found

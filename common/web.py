@@ -116,6 +116,15 @@ class _HttpProblem(JobqError):
 
 def _http_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     assert isinstance(exc, HTTPException)
+    if exc.status_code >= 500:
+        logger.error(
+            "server error on %s %s: %s",
+            request.method,
+            request.url.path,
+            exc.detail,
+            extra={"event": "unhandled_error"},
+            exc_info=exc,
+        )
     if exc.status_code == 400:
         malformed = MalformedRequest(f"the request body could not be read: {exc.detail}")
         return problem_response(malformed, request)
@@ -130,6 +139,11 @@ def _http_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[A
     return Response(
         content=body, status_code=exc.status_code, media_type=PROBLEM_JSON, headers=exc.headers
     )
+
+
+def _too_deep_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    error = MalformedRequest("the JSON body is nested too deeply to read")
+    return problem_response(error, request)
 
 
 def _crash_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
@@ -149,6 +163,7 @@ def exception_handlers() -> dict[type[Exception] | int, Callable[..., Response[A
         JobqError: _jobq_handler,
         ValidationException: _validation_handler,
         HTTPException: _http_handler,
+        RecursionError: _too_deep_handler,
         Exception: _crash_handler,
     }
 

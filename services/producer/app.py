@@ -54,7 +54,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
     return Litestar(
         route_handlers=[JobController, redrive, ready, live, metrics_route(registry)],
         lifespan=[lifespan],
-        dependencies={"queue": Provide(provide_queue, sync_to_thread=False)},
+        dependencies={"queue_client": Provide(provide_queue, sync_to_thread=False)},
         exception_handlers=exception_handlers(),
         before_request=require_json_body,
         middleware=[prometheus_config("producer").middleware],

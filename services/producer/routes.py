@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from litestar import Controller, Response, get, post
 from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import FromPath, JSONBody, QueryParameter
+from litestar.params import FromPath, JSONBody
 
 from common.batch import decode_entries, entry_result, split_valid
+from common.bodies import mark_lone_surrogates
 from common.contracts import (
     LIST_LIMIT_DEFAULT,
-    NAME_PATTERN,
     BatchSubmitRequest,
     BatchSubmitResponse,
     EnqueueRequest,
@@ -27,7 +27,7 @@ from common.contracts import (
 )
 from common.errors import JobqError
 from common.ids import new_job_id
-from common.queries import Cursor, Limit, StatusFilter, TaskTypeFilter
+from common.queries import Cursor, Limit, QueueFilter, StatusFilter, TaskTypeFilter
 from common.validation import check_payload
 from services.producer.client import QueueServiceClient
 
@@ -43,6 +43,7 @@ class JobController(Controller):
     @post(
         "/",
         status_code=202,
+        middleware=[mark_lone_surrogates],
         summary="Submit a job",
         responses={
             200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
@@ -55,7 +56,7 @@ class JobController(Controller):
         },
     )
     async def submit(
-        self, data: JSONBody[SubmitJobRequest], queue: NamedDependency[QueueServiceClient]
+        self, data: JSONBody[SubmitJobRequest], queue_client: NamedDependency[QueueServiceClient]
     ) -> Response[SubmitJobResponse]:
         """Validate the job and hand it to the queue service.
 
@@ -63,7 +64,7 @@ class JobController(Controller):
         """
         check_payload(data.payload)
         fields = msgspec.structs.asdict(data)
-        reply, created = await queue.submit(EnqueueRequest(**fields, job_id=new_job_id()))
+        reply, created = await queue_client.submit(EnqueueRequest(**fields, job_id=new_job_id()))
         return Response(
             reply,
             status_code=202 if created else 200,
@@ -74,10 +75,11 @@ class JobController(Controller):
         "/batch",
         status_code=200,
         summary="Submit up to 500 jobs",
+        middleware=[mark_lone_surrogates],
         responses={400: _PROBLEM, 413: _PROBLEM, 415: _PROBLEM, 422: _PROBLEM, 503: _PROBLEM},
     )
     async def submit_batch(
-        self, data: JSONBody[BatchSubmitRequest], queue: NamedDependency[QueueServiceClient]
+        self, data: JSONBody[BatchSubmitRequest], queue_client: NamedDependency[QueueServiceClient]
     ) -> BatchSubmitResponse:
         """Each entry is validated on its own and answered in order: 202 created, 200 replay
         (also a key repeated within the batch), 409, 413 or 422 with problem details."""
@@ -89,7 +91,7 @@ class JobController(Controller):
                 EnqueueRequest(**msgspec.structs.asdict(request), job_id=new_job_id())
                 for request in valid
             ]
-            reply = await queue.submit_batch(forwarded)
+            reply = await queue_client.submit_batch(forwarded)
             for entry in reply.results:
                 results.append(msgspec.structs.replace(entry, index=indexes[entry.index]))
         return BatchSubmitResponse(results=sorted(results, key=lambda r: r.index))
@@ -97,11 +99,9 @@ class JobController(Controller):
     @get("/", summary="List jobs (newest first)", responses={400: _PROBLEM, 503: _PROBLEM})
     async def list_jobs(
         self,
-        queue: NamedDependency[QueueServiceClient],
+        queue_client: NamedDependency[QueueServiceClient],
         status: StatusFilter = None,
-        queue_name: Annotated[
-            str | None, QueryParameter(name="queue", pattern=NAME_PATTERN)
-        ] = None,
+        queue: QueueFilter = None,
         task_type: TaskTypeFilter = None,
         cursor: Cursor = None,
         limit: Limit = LIST_LIMIT_DEFAULT,
@@ -111,20 +111,20 @@ class JobController(Controller):
         params: dict[str, str | int] = {"limit": limit}
         for name, value in (
             ("status", status),
-            ("queue", queue_name),
+            ("queue", queue),
             ("taskType", task_type),
             ("cursor", cursor),
         ):
             if value is not None:
                 params[name] = value
-        return await queue.list_jobs(params)
+        return await queue_client.list_jobs(params)
 
     @get("/{job_id:uuid}", summary="Read a job", responses={404: _PROBLEM, 503: _PROBLEM})
     async def read(
-        self, job_id: FromPath[uuid.UUID], queue: NamedDependency[QueueServiceClient]
+        self, job_id: FromPath[uuid.UUID], queue_client: NamedDependency[QueueServiceClient]
     ) -> JobView:
         """The job's full view."""
-        return await queue.get(job_id)
+        return await queue_client.get(job_id)
 
     @post(
         "/{job_id:uuid}/cancel",
@@ -133,11 +133,11 @@ class JobController(Controller):
         responses={404: _PROBLEM, 409: _PROBLEM, 503: _PROBLEM},
     )
     async def cancel(
-        self, job_id: FromPath[uuid.UUID], queue: NamedDependency[QueueServiceClient]
+        self, job_id: FromPath[uuid.UUID], queue_client: NamedDependency[QueueServiceClient]
     ) -> JobView:
         """PENDING/SCHEDULED → CANCELLED at once; PROCESSING → the worker is asked to stop and
         the job ends CANCELLED when it confirms; 409 when the job already finished."""
-        return await queue.act(job_id, "cancel")
+        return await queue_client.act(job_id, "cancel")
 
     @post(
         "/{job_id:uuid}/retry",
@@ -146,15 +146,15 @@ class JobController(Controller):
         responses={404: _PROBLEM, 409: _PROBLEM, 503: _PROBLEM},
     )
     async def retry(
-        self, job_id: FromPath[uuid.UUID], queue: NamedDependency[QueueServiceClient]
+        self, job_id: FromPath[uuid.UUID], queue_client: NamedDependency[QueueServiceClient]
     ) -> JobView:
         """DEAD_LETTER/CANCELLED → PENDING with attempts and releases reset; 409 otherwise."""
-        return await queue.act(job_id, "retry")
+        return await queue_client.act(job_id, "retry")
 
 
 @post("/dead-letter/redrive", status_code=200, tags=["dead-letter"], summary="Redrive")
 async def redrive(
-    data: JSONBody[RedriveRequest], queue: NamedDependency[QueueServiceClient]
+    data: JSONBody[RedriveRequest], queue_client: NamedDependency[QueueServiceClient]
 ) -> RedriveResponse:
     """Move dead-lettered jobs (optionally of one queue and task type) back to PENDING."""
-    return await queue.redrive(data)
+    return await queue_client.redrive(data)

@@ -14,6 +14,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
 from common.batch import decode_entries, entry_result, split_valid
+from common.bodies import mark_lone_surrogates, repair_report_bodies
 from common.contracts import (
     LIST_LIMIT_DEFAULT,
     AckRequest,
@@ -36,7 +37,6 @@ from common.contracts import (
 from common.errors import JobqError
 from common.queries import Cursor, Limit, QueueFilter, StatusFilter, TaskTypeFilter
 from services.queue.depth import DepthCache, current_depth
-from services.queue.reports import repair_report_bodies
 from services.queue.service import QueueService
 
 _PROBLEM = ResponseSpec(data_container=dict[str, Any], description="Problem details (RFC 9457)")
@@ -51,6 +51,7 @@ class JobController(Controller):
     @post(
         "/",
         status_code=202,
+        middleware=[mark_lone_surrogates],
         summary="Create a job (or replay a submit)",
         responses={
             200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
@@ -70,7 +71,12 @@ class JobController(Controller):
             headers={"Location": f"/jobs/{submitted.response.job_id}"},
         )
 
-    @post("/batch", status_code=200, summary="Create up to 500 jobs")
+    @post(
+        "/batch",
+        status_code=200,
+        summary="Create up to 500 jobs",
+        middleware=[mark_lone_surrogates],
+    )
     async def submit_batch(
         self, data: JSONBody[BatchSubmitRequest], service: NamedDependency[QueueService]
     ) -> BatchSubmitResponse:

@@ -13,13 +13,20 @@ import contextlib
 import enum
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
 
 from common.contracts import ERROR_MAX_BYTES, RESULT_MAX_BYTES, JobMessage, JobStatus
-from common.errors import JobqError, StaleReceiptHandle
+from common.errors import JobqError, ServiceUnavailable, StaleReceiptHandle
 from common.text import sanitize_result, sanitize_text
 from services.worker.client import QueueClient
 from services.worker.metrics import WorkerMetrics
@@ -28,6 +35,7 @@ from services.worker.processors.base import Registration
 from services.worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _CLAIM_BACKOFF_MAX = 5.0
 _RELEASE_BUDGET = 5.0
@@ -263,7 +271,9 @@ class Worker:
         try:
             match reason:
                 case Stop.CANCEL_REQUESTED:
-                    await self._client.cancelled(job.id, job.receipt_handle)
+                    await self._settle(
+                        job, lambda: self._client.cancelled(job.id, job.receipt_handle)
+                    )
                     self._metrics.job_duration.labels(task_label, "cancelled").observe(duration)
                     logger.info("job cancelled on request", extra=extra)
                 case Stop.SHUTDOWN:
@@ -280,11 +290,10 @@ class Worker:
     async def _report_success(self, running: Running, result: Any, duration: float) -> None:
         job = running.job
         task_label = self._metrics.task_label(job.task_type)
-        # Whatever the processor returned must reach the queue: values JSON cannot hold are
-        # sent as their text, oversized ones as a stub.
-        storable = sanitize_result(msgspec.to_builtins(result, enc_hook=str), RESULT_MAX_BYTES)
         try:
-            await self._client.ack(job.id, job.receipt_handle, storable)
+            await self._settle(
+                job, lambda: self._client.ack(job.id, job.receipt_handle, storable(result))
+            )
         except StaleReceiptHandle as exc:
             self._lost(job, str(exc), task_label, duration)
             return
@@ -312,12 +321,15 @@ class Worker:
         task_label = self._metrics.task_label(job.task_type)
         error = sanitize_text(failure.error, ERROR_MAX_BYTES)
         try:
-            view = await self._client.fail(
-                job.id,
-                job.receipt_handle,
-                error,
-                retryable=failure.retryable,
-                retry_after=failure.retry_after,
+            view = await self._settle(
+                job,
+                lambda: self._client.fail(
+                    job.id,
+                    job.receipt_handle,
+                    error,
+                    retryable=failure.retryable,
+                    retry_after=failure.retry_after,
+                ),
             )
         except StaleReceiptHandle as exc:
             self._lost(job, str(exc), task_label, duration)
@@ -343,6 +355,22 @@ class Worker:
         else:
             logger.warning("job failed, will retry: %s", error, extra=extra)
 
+    async def _settle(self, job: JobMessage, report: Callable[[], Awaitable[T]]) -> T:
+        """Send a settle report, retrying (jittered, 0.2 s doubling to 5 s) while the queue
+        service is unavailable, for up to the job's visibility timeout: a lease holds until it
+        is reaped, so an ack that arrives after an outage still counts, and the job is not run
+        twice for want of a report. Raises the last error after that."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(ServiceUnavailable),
+            wait=wait_exponential_jitter(initial=0.2, max=5.0),
+            stop=stop_after_delay(job.visibility_timeout),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await report()
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
     def _lost(self, job: JobMessage, why: str, task_label: str, duration: float) -> None:
         self._metrics.job_duration.labels(task_label, "lost").observe(duration)
         logger.warning(
@@ -350,6 +378,15 @@ class Worker:
             why,
             extra={"event": "lease_lost", "job_id": str(job.id)},
         )
+
+
+def storable(result: Any) -> Any:
+    """What the processor returned, made storable: values JSON cannot hold are sent as their
+    text, oversized or deeply nested ones as a stub. Never raises."""
+    try:
+        return sanitize_result(msgspec.to_builtins(result, enc_hook=str), RESULT_MAX_BYTES)
+    except (RecursionError, TypeError, ValueError, OverflowError) as exc:
+        return {"truncated": True, "reason": f"result could not be encoded: {type(exc).__name__}"}
 
 
 async def _first(work: Any, stop: Any) -> Any:

@@ -28,7 +28,12 @@ class WorkerSettings(BaseServiceSettings):
     """
 
     queue_service_url: str = "http://127.0.0.1:8081"
-    worker_name: str = Field(default_factory=_default_worker_name, min_length=1, max_length=200)
+    worker_name: str = Field(
+        default_factory=_default_worker_name,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[\x21-\x7e]+$",
+    )
     worker_queues: CommaList = ["default"]
     worker_concurrency: int = Field(default=4, ge=1, le=CLAIM_MAX)
     worker_wait_seconds: float = Field(default=20, ge=0, le=WAIT_SECONDS_MAX)

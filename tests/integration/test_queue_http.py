@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -63,7 +64,12 @@ async def test_forward_with_the_same_job_id_is_a_replay(
         ({"taskType": "x", "payload": {}, "priority": 5000}, 422, "/priority"),
         ({"taskType": "Bad Name", "payload": {}}, 422, "/taskType"),
         ({"taskType": "x", "payload": {"a": {"b": "nul\u0000"}}}, 422, "/payload/a/b"),
+        ({"taskType": "x", "payload": {"a": ["ok", "lone \ud800"]}}, 422, "/payload/a/1"),
+        ({"taskType": "x", "payload": {}, "idempotencyKey": "k\udc00"}, 422, "/idempotencyKey"),
         ({"taskType": "x", "payload": {"big": "x" * 300_000}}, 413, "/payload"),
+        ({"taskType": "x", "queue": "default\n", "payload": {}}, 422, "/queue"),
+        ({"taskType": "noop\n", "payload": {}}, 422, "/taskType"),
+        ({"taskType": "x", "payload": {}, "idempotencyKey": "k\n"}, 422, "/idempotencyKey"),
     ],
 )
 async def test_bad_input_is_a_problem_and_stores_nothing(
@@ -73,7 +79,10 @@ async def test_bad_input_is_a_problem_and_stores_nothing(
     status: int,
     pointer: str,
 ) -> None:
-    response = await client.post("/jobs", json=body)
+    # json.dumps escapes lone surrogates (httpx's encoder would refuse them).
+    response = await client.post(
+        "/jobs", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
 
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/problem+json")
@@ -169,3 +178,31 @@ async def test_empty_body_wrong_content_type_and_missing_fields_are_precise(
     assert missing.status_code == 422
     assert missing.json()["errors"][0]["pointer"] == "/payload"
     assert await count_jobs(repository) == 0
+
+
+async def test_absurdly_deep_bodies_are_client_errors(
+    client: httpx.AsyncClient, repository: JobRepository
+) -> None:
+    deep = '{"taskType":"x","payload":{"a":' + "[" * 3000 + "]" * 3000 + "}}"
+    reply = await client.post("/jobs", content=deep, headers={"content-type": "application/json"})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["type"] == "urn:jobq:problem:malformed-request"
+    assert await count_jobs(repository) == 0
+
+
+async def test_deep_ack_result_is_stored_as_a_stub(client: httpx.AsyncClient) -> None:
+    job_id = (await client.post("/jobs", json={"taskType": "x", "payload": {}})).json()["jobId"]
+    job = (await client.post("/jobs/next", json={"worker": "w", "queues": ["default"]})).json()
+    result = "1"
+    for _ in range(500):
+        result = '{"a":' + result + "}"
+    handle = job["jobs"][0]["receiptHandle"]
+    body = f'{{"receiptHandle":"{handle}","result":{result}}}'
+
+    reply = await client.post(
+        f"/jobs/{job_id}/ack", content=body, headers={"content-type": "application/json"}
+    )
+
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["status"] == "COMPLETED"
+    assert reply.json()["result"]["truncated"] is True

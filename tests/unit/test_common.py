@@ -142,3 +142,38 @@ def test_backoff_bounds_are_finite_for_huge_attempts() -> None:
     for attempt in (1, 2, 10, 31, 10_000):
         ceiling = min(cap, base * multiplier ** min(attempt - 1, 30))
         assert math.isfinite(ceiling) and 0 < ceiling <= cap
+
+
+def test_deep_results_become_a_stub_instead_of_crashing() -> None:
+    deep: object = 1
+    for _ in range(700):
+        deep = {"a": deep}
+    stub = sanitize_result(deep, 10_000)
+    assert stub == {"truncated": True, "reason": "nested deeper than 64 levels"}
+
+
+def test_worker_makes_any_result_storable() -> None:
+    from services.worker.runner import storable
+
+    deep: object = 1
+    for _ in range(5000):
+        deep = [deep]
+    assert storable(deep)["truncated"] is True
+    assert storable({"when": {1, 2}, "text": "a\x00"}) == {"when": [1, 2], "text": "a\ufffd"}
+
+
+def test_names_refuse_a_trailing_newline() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"taskType": "noop\n", "payload": {}}, SubmitJobRequest)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"taskType": "x", "payload": {}, "queue": "default\n"}, SubmitJobRequest)
+
+
+def test_payload_depth_counts_containers() -> None:
+    exactly: dict[str, object] = {}
+    cursor = exactly
+    for _ in range(31):
+        cursor["d"] = {}
+        cursor = cursor["d"]  # type: ignore[assignment]
+    cursor["leaf"] = "scalar"
+    check_payload(exactly)  # 32 nested objects with a scalar leaf are allowed

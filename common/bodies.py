@@ -1,5 +1,9 @@
-"""ASGI middleware that keeps workers' reports decodable (DESIGN.md §5: reports are always
-recordable). Applied to the ack, fail and cancelled routes only; submits are validated strictly.
+"""ASGI middleware for JSON bodies holding escapes of unpaired surrogates (`"\ud800"`).
+
+Such escapes are valid JSON but not valid Unicode, so the decoder rejects the whole body with
+an unhelpful message. Workers' reports get them replaced (DESIGN.md §5: a report is always
+recordable); submits get them marked, so validation can name the exact field (422 with a JSON
+pointer) instead of failing the whole body.
 """
 
 from __future__ import annotations
@@ -10,10 +14,24 @@ from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.text import repair_lone_surrogate_escapes
 
+LONE_SURROGATE_MARK_ESCAPE = "\\udbff\\udffe"
+"""The JSON escape of `common.text.LONE_SURROGATE_MARK`."""
+
 
 def repair_report_bodies(app: ASGIApp) -> ASGIApp:
-    """Buffer the request body (up to the 8 MiB body bound), repair lone-surrogate escapes,
-    then hand the repaired body to the route. Larger bodies pass through untouched, so the
+    """Replace lone-surrogate escapes with U+FFFD (for workers' reports)."""
+    return _rewriting(app, "\\ufffd")
+
+
+def mark_lone_surrogates(app: ASGIApp) -> ASGIApp:
+    """Replace lone-surrogate escapes with `LONE_SURROGATE_MARK`, which validation reports as
+    an unpaired surrogate at its JSON pointer (for submits)."""
+    return _rewriting(app, LONE_SURROGATE_MARK_ESCAPE)
+
+
+def _rewriting(app: ASGIApp, replacement: str) -> ASGIApp:
+    """Buffer the request body (up to the 8 MiB body bound), rewrite lone-surrogate escapes
+    to `replacement`, then hand the body on. Larger bodies pass through untouched, so the
     framework still answers 413 for them."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
@@ -37,7 +55,7 @@ def repair_report_bodies(app: ASGIApp) -> ASGIApp:
                 return
             if not message.get("more_body", False):
                 break
-        body = repair_lone_surrogate_escapes(b"".join(chunks))
+        body = repair_lone_surrogate_escapes(b"".join(chunks), replacement.encode())
         await app(scope, _replay(_as_messages([body], more=False), receive), send)
 
     return middleware
