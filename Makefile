@@ -48,7 +48,9 @@ migrate: install ## Apply the alembic migrations to DATABASE_URL (or the found s
 run: install ## Start PostgreSQL/Redis if needed, migrate, run queue, producer, 2 workers, SMTP sink
 	@eval "$$($(BIN)/python -m infra.servers env --database jobq)" && \
 		export DATABASE_URL REDIS_URL && $(BIN)/alembic upgrade head && \
+		eval "$$($(BIN)/python -m infra.devkeys)" && \
 		echo "jobq: producer http://127.0.0.1:8080  queue http://127.0.0.1:8081  workers' metrics :9101 :9102  (Ctrl-C stops)" && \
+		echo "jobq: for curl, run:  export JOBQ_KEY=$$JOBQ_KEY" && \
 		env $(RUN_ENV) $(BIN)/honcho --no-colour -d . -f infra/Procfile start; \
 		status=$$?; [ $$status -eq 0 ] || [ $$status -eq 130 ]  # 130: stopped with Ctrl-C
 
@@ -76,6 +78,10 @@ boundaries: install ## import-linter: services independent, only the queue touch
 
 .PHONY: check
 check: lint typecheck boundaries ## lint + typecheck + boundaries
+
+.PHONY: keys
+keys: install ## Print the development API keys and internal token `make run` uses
+	@$(BIN)/python -m infra.devkeys
 
 .PHONY: bench
 bench: install ## Median POST→COMPLETED latency of 100 noop jobs on a fresh stack (JSON in benchmark/results)

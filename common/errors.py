@@ -70,6 +70,22 @@ class PayloadTooLarge(JobqError):
     title = "Payload too large"
 
 
+class Unauthorized(JobqError):
+    """No valid credentials (401): a missing, malformed or unknown bearer token."""
+
+    status = 401
+    slug = "unauthorized"
+    title = "Unauthorized"
+
+
+class Forbidden(JobqError):
+    """The credentials are valid but their role does not allow this operation (403)."""
+
+    status = 403
+    slug = "forbidden"
+    title = "Forbidden"
+
+
 class JobNotFound(JobqError):
     """No job has this id (404)."""
 
@@ -120,6 +136,8 @@ _BY_SLUG: dict[str, type[JobqError]] = {
         InvalidInput,
         MalformedRequest,
         PayloadTooLarge,
+        Unauthorized,
+        Forbidden,
         JobNotFound,
         StaleReceiptHandle,
         IdempotencyConflict,

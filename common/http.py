@@ -17,13 +17,18 @@ _JSON = {"Content-Type": "application/json"}
 
 
 def make_client(
-    base_url: str, *, timeout: float = 10.0, connect_retries: int = 2, max_connections: int = 100
+    base_url: str,
+    *,
+    token: str | None = None,
+    timeout: float = 10.0,
+    connect_retries: int = 2,
+    max_connections: int = 100,
 ) -> httpx.AsyncClient:
     """A pooled `httpx.AsyncClient` for service-to-service calls.
 
     Connection failures are retried by httpx's transport (`connect_retries` times), which is
     safe for every jobq call: submits carry their job id and settles are idempotent.
-    Timeouts are in seconds.
+    Timeouts are in seconds; `token` is sent as `Authorization: Bearer <token>`.
     """
     transport = httpx.AsyncHTTPTransport(
         retries=connect_retries,
@@ -31,8 +36,12 @@ def make_client(
             max_connections=max_connections, max_keepalive_connections=max_connections
         ),
     )
+    headers = {"Authorization": f"Bearer {token}"} if token else None
     return httpx.AsyncClient(
-        base_url=base_url, transport=transport, timeout=httpx.Timeout(timeout, connect=3.0)
+        base_url=base_url,
+        transport=transport,
+        timeout=httpx.Timeout(timeout, connect=3.0),
+        headers=headers,
     )
 
 

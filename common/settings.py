@@ -13,7 +13,7 @@ import re
 import sys
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BeforeValidator, Field, ValidationError
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -60,6 +60,9 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 """A size in bytes, accepting `KiB`/`MiB`/`GiB`."""
 
 Port = Annotated[int, Field(ge=0, le=65535)]
+
+Token = Annotated[SecretStr, Field(min_length=16)]
+"""A bearer secret of at least 16 characters; never shown in logs or reprs."""
 
 
 class BaseServiceSettings(BaseSettings):

@@ -91,7 +91,11 @@ def _validation_to_error(exc: ValidationException) -> JobqError:
 
 def problem_response(error: JobqError, request: Request[Any, Any, Any]) -> Response[Any]:
     """Render `error` as an `application/problem+json` response."""
-    headers = {"Retry-After": "1"} if error.status == 503 else None
+    headers = None
+    if error.status == 503:
+        headers = {"Retry-After": "1"}
+    elif error.status == 401:
+        headers = {"WWW-Authenticate": 'Bearer realm="jobq"'}
     return Response(
         content=error.to_problem(instance=request.url.path),
         status_code=error.status,

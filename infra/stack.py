@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -49,6 +50,8 @@ class LocalStack:
 
     def __post_init__(self) -> None:
         self.queue_port, self.producer_port, self.smtp_port = free_port(), free_port(), free_port()
+        # Every stack guards its queue service like production does.
+        self.internal_token = secrets.token_urlsafe(24)
         self.metrics_ports = [free_port() for _ in range(self.workers)]
         self.logs.mkdir(parents=True, exist_ok=True)
 
@@ -84,6 +87,7 @@ class LocalStack:
             "SMTP_HOST": "127.0.0.1",
             "SMTP_PORT": str(self.smtp_port),
             "WEBHOOK_ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "QUEUE_INTERNAL_TOKEN": self.internal_token,
             **self.environment,
         }
 

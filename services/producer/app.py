@@ -12,6 +12,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from prometheus_client import CollectorRegistry
 
+from common.access import role_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.http import make_client
 from common.web import (
@@ -41,8 +42,11 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        token = settings.queue_internal_token
         async with make_client(
-            settings.queue_service_url, timeout=settings.producer_forward_timeout
+            settings.queue_service_url,
+            token=token.get_secret_value() if token else None,
+            timeout=settings.producer_forward_timeout,
         ) as http:
             app.state.queue = QueueServiceClient(http, settings.producer_forward_timeout)
             yield
@@ -57,6 +61,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         dependencies={"queue_client": Provide(provide_queue, sync_to_thread=False)},
         exception_handlers=exception_handlers(),
         before_request=require_json_body,
+        guards=[role_guard(settings.api_keys())],
         middleware=[prometheus_config("producer").middleware],
         openapi_config=OpenAPIConfig(title="jobq producer", version="0.1.0", path="/schema"),
         request_max_body_size=REQUEST_BODY_MAX_BYTES,

@@ -11,6 +11,7 @@ from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
+from common.access import ADMIN_ONLY
 from common.batch import decode_entries, entry_result, split_valid
 from common.bodies import mark_lone_surrogates
 from common.contracts import (
@@ -96,7 +97,12 @@ class JobController(Controller):
                 results.append(msgspec.structs.replace(entry, index=indexes[entry.index]))
         return BatchSubmitResponse(results=sorted(results, key=lambda r: r.index))
 
-    @get("/", summary="List jobs (newest first)", responses={400: _PROBLEM, 503: _PROBLEM})
+    @get(
+        "/",
+        summary="List jobs (newest first); admin",
+        responses={400: _PROBLEM, 401: _PROBLEM, 403: _PROBLEM, 503: _PROBLEM},
+        opt=ADMIN_ONLY,
+    )
     async def list_jobs(
         self,
         queue_client: NamedDependency[QueueServiceClient],
@@ -130,7 +136,8 @@ class JobController(Controller):
         "/{job_id:uuid}/cancel",
         status_code=200,
         summary="Cancel a job",
-        responses={404: _PROBLEM, 409: _PROBLEM, 503: _PROBLEM},
+        responses={401: _PROBLEM, 403: _PROBLEM, 404: _PROBLEM, 409: _PROBLEM, 503: _PROBLEM},
+        opt=ADMIN_ONLY,
     )
     async def cancel(
         self, job_id: FromPath[uuid.UUID], queue_client: NamedDependency[QueueServiceClient]
@@ -143,7 +150,8 @@ class JobController(Controller):
         "/{job_id:uuid}/retry",
         status_code=200,
         summary="Run a dead-lettered or cancelled job again",
-        responses={404: _PROBLEM, 409: _PROBLEM, 503: _PROBLEM},
+        responses={401: _PROBLEM, 403: _PROBLEM, 404: _PROBLEM, 409: _PROBLEM, 503: _PROBLEM},
+        opt=ADMIN_ONLY,
     )
     async def retry(
         self, job_id: FromPath[uuid.UUID], queue_client: NamedDependency[QueueServiceClient]
@@ -152,7 +160,14 @@ class JobController(Controller):
         return await queue_client.act(job_id, "retry")
 
 
-@post("/dead-letter/redrive", status_code=200, tags=["dead-letter"], summary="Redrive")
+@post(
+    "/dead-letter/redrive",
+    status_code=200,
+    tags=["dead-letter"],
+    summary="Redrive dead-lettered jobs; admin",
+    responses={401: _PROBLEM, 403: _PROBLEM, 422: _PROBLEM, 503: _PROBLEM},
+    opt=ADMIN_ONLY,
+)
 async def redrive(
     data: JSONBody[RedriveRequest], queue_client: NamedDependency[QueueServiceClient]
 ) -> RedriveResponse:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from common.settings import BaseServiceSettings, Duration, Port
+from pydantic import SecretStr, field_validator
+
+from common.access import Role, parse_api_keys
+from common.settings import BaseServiceSettings, Duration, Port, Token
 
 
 class ProducerSettings(BaseServiceSettings):
@@ -13,3 +16,18 @@ class ProducerSettings(BaseServiceSettings):
     producer_port: Port = 8080
     producer_forward_timeout: Duration = 5.0
     producer_shutdown_grace: Duration = 10.0
+    queue_internal_token: Token | None = None
+    jobq_api_keys: SecretStr | None = None
+
+    @field_validator("jobq_api_keys")
+    @classmethod
+    def _keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            parse_api_keys(value.get_secret_value())
+        return value
+
+    def api_keys(self) -> dict[str, Role]:
+        """{key: role} from `JOBQ_API_KEYS` (`role:key,…`); empty means open access."""
+        if self.jobq_api_keys is None:
+            return {}
+        return parse_api_keys(self.jobq_api_keys.get_secret_value())

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from common.access import token_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.errors import JobqError
 from common.web import (
@@ -83,6 +84,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
     """Build the queue service. Resources (engine, Redis, LISTEN connection, background loops)
     are created in the lifespan and closed when the app stops."""
     settings = settings or QueueSettings()
+    token = settings.queue_internal_token
     registry = CollectorRegistry(auto_describe=True)
     metrics = QueueMetrics(registry)
     # Created here rather than in the lifespan so the server can signal them the moment a
@@ -172,6 +174,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         },
         exception_handlers=exception_handlers(),
         before_request=require_json_body,
+        guards=[token_guard(token.get_secret_value() if token else None)],
         middleware=[prometheus_config("queue").middleware],
         openapi_config=OpenAPIConfig(title="jobq queue service", version="0.1.0", path="/schema"),
         request_max_body_size=REQUEST_BODY_MAX_BYTES,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from common.settings import BaseServiceSettings, Duration, Port
+from common.settings import BaseServiceSettings, Duration, Port, Token
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/jobq"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -43,6 +43,7 @@ class QueueSettings(BaseServiceSettings):
     queue_retention: Duration = 7 * 86400.0
     queue_dead_letter_retention: Duration = 14 * 86400.0
     queue_retention_interval: Duration = 60.0
+    queue_internal_token: Token | None = None
 
     @field_validator("database_url")
     @classmethod

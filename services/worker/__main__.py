@@ -36,7 +36,11 @@ async def run(settings: WorkerSettings) -> None:
     outbound = httpx.AsyncClient(
         trust_env=False, follow_redirects=False, timeout=settings.webhook_timeout
     )
-    async with make_client(settings.queue_service_url) as queue_http, outbound:
+    token = settings.queue_internal_token
+    queue_http = make_client(
+        settings.queue_service_url, token=token.get_secret_value() if token else None
+    )
+    async with queue_http, outbound:
         processors = build_registry(settings, outbound)
         worker = Worker(
             settings, QueueClient(queue_http, settings.worker_name), processors, metrics

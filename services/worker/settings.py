@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
 from common.contracts import CLAIM_MAX, NAME_PATTERN, WAIT_SECONDS_MAX
-from common.settings import BaseServiceSettings, Duration, Port
+from common.settings import BaseServiceSettings, Duration, Port, Token
 
 
 def _default_worker_name() -> str:
@@ -28,6 +28,7 @@ class WorkerSettings(BaseServiceSettings):
     """
 
     queue_service_url: str = "http://127.0.0.1:8081"
+    queue_internal_token: Token | None = None
     worker_name: str = Field(
         default_factory=_default_worker_name,
         min_length=1,

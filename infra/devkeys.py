@@ -1,0 +1,50 @@
+"""Development credentials for `make run`: made once, kept in `.jobq/dev.env` (git-ignored).
+
+`python -m infra.devkeys` prints shell lines exporting `JOBQ_API_KEYS` (an admin and a submit
+key), `QUEUE_INTERNAL_TOKEN`, and `JOBQ_KEY` (the admin key, for curl).
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import sys
+from pathlib import Path
+
+ENV_FILE = Path(__file__).resolve().parent.parent / ".jobq" / "dev.env"
+
+
+def load_or_create(path: Path = ENV_FILE) -> dict[str, str]:
+    """The development credentials in `path`, created with fresh random keys if absent."""
+    if path.exists():
+        pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+        values = {key: shlex.split(value)[0] for key, value in pairs}
+        if {"JOBQ_API_KEYS", "QUEUE_INTERNAL_TOKEN", "JOBQ_KEY"} <= values.keys():
+            return values
+    admin, submit = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    values = {
+        "JOBQ_API_KEYS": f"admin:{admin},submit:{submit}",
+        "QUEUE_INTERNAL_TOKEN": secrets.token_urlsafe(24),
+        "JOBQ_KEY": admin,
+        "JOBQ_SUBMIT_KEY": submit,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items()))
+    path.chmod(0o600)
+    return values
+
+
+def main() -> None:
+    """Print `export` lines for the shell; a note for the user goes to stderr."""
+    values = load_or_create()
+    for key, value in values.items():
+        print(f"export {key}={shlex.quote(value)}")
+    print(
+        f"jobq: development keys (kept in {ENV_FILE}): admin {values['JOBQ_KEY']}"
+        f"  submit {values['JOBQ_SUBMIT_KEY']}",
+        file=sys.stderr,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Access (DESIGN.md §5a): API keys with roles on the producer, the internal token on the queue
+service, both over real HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from common.access import parse_api_keys
+from services.producer.app import create_app as create_producer
+from services.producer.settings import ProducerSettings
+from services.queue.app import create_app as create_queue
+from services.queue.settings import QueueSettings
+from tests.conftest import serving
+
+ADMIN, SUBMIT, TOKEN = "admin-key-0123456789", "submit-key-0123456789", "internal-0123456789abc"
+
+
+@pytest.fixture
+async def services(
+    clean_database: str, redis_url: str
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    queue_settings = QueueSettings(
+        database_url=clean_database, redis_url=redis_url, queue_internal_token=SecretStr(TOKEN)
+    )
+    async with serving(create_queue(queue_settings)) as queue:
+        producer_settings = ProducerSettings(
+            queue_service_url=str(queue.base_url),
+            queue_internal_token=SecretStr(TOKEN),
+            jobq_api_keys=SecretStr(f"admin:{ADMIN},submit:{SUBMIT}"),
+        )
+        async with serving(create_producer(producer_settings)) as producer:
+            yield producer, queue
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_producer_roles(services: tuple[httpx.AsyncClient, httpx.AsyncClient]) -> None:
+    producer, _ = services
+    job = {"taskType": "noop", "payload": {}}
+
+    missing = await producer.post("/jobs", json=job)
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"].startswith("Bearer")
+    assert missing.json()["type"] == "urn:jobq:problem:unauthorized"
+    wrong = await producer.post("/jobs", json=job, headers=bearer("not-a-key-at-all-x"))
+    assert wrong.status_code == 401
+
+    created = await producer.post("/jobs", json=job, headers=bearer(SUBMIT))
+    assert created.status_code == 202
+    job_id = created.json()["jobId"]
+    assert (await producer.get(f"/jobs/{job_id}", headers=bearer(SUBMIT))).status_code == 200
+
+    for method, path in [
+        ("GET", "/jobs"),
+        ("POST", f"/jobs/{job_id}/cancel"),
+        ("POST", f"/jobs/{job_id}/retry"),
+    ]:
+        refused = await producer.request(method, path, headers=bearer(SUBMIT))
+        assert refused.status_code == 403, (method, path)
+        assert refused.json()["type"] == "urn:jobq:problem:forbidden"
+    redrive = await producer.post("/dead-letter/redrive", json={}, headers=bearer(SUBMIT))
+    assert redrive.status_code == 403
+
+    assert (await producer.get("/jobs", headers=bearer(ADMIN))).status_code == 200
+    assert (await producer.post(f"/jobs/{job_id}/cancel", headers=bearer(ADMIN))).status_code == 200
+    for public in ("/health/live", "/metrics", "/schema/openapi.json"):
+        assert (await producer.get(public)).status_code == 200, public
+
+
+async def test_queue_service_requires_the_internal_token(
+    services: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    _, queue = services
+    claim = {"worker": "w", "queues": ["default"]}
+
+    assert (await queue.post("/jobs", json={"taskType": "x", "payload": {}})).status_code == 401
+    assert (await queue.post("/jobs/next", json=claim)).status_code == 401
+    assert (await queue.post("/jobs/next", json=claim, headers=bearer("x" * 20))).status_code == 401
+    assert (await queue.post("/jobs/next", json=claim, headers=bearer(TOKEN))).status_code == 204
+    assert (await queue.get("/health/ready")).status_code == 200
+    assert (await queue.get("/metrics")).status_code == 200
+
+
+def test_api_key_specs() -> None:
+    assert parse_api_keys(f"admin:{ADMIN}, submit:{SUBMIT}") == {ADMIN: "admin", SUBMIT: "submit"}
+    for bad in ("root:" + ADMIN, "admin:short", f"admin:{ADMIN},submit:{ADMIN}", ADMIN):
+        with pytest.raises(ValueError) as error:
+            parse_api_keys(bad)
+        assert ADMIN not in str(error.value), "a key must never appear in an error"
