@@ -1,0 +1,157 @@
+"""`Client`: a small synchronous client for the producer API, built on `httpx.Client`."""
+
+from __future__ import annotations
+
+import uuid
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+import msgspec
+
+from common.contracts import (
+    BatchSubmitRequest,
+    BatchSubmitResponse,
+    JobList,
+    JobStatus,
+    JobView,
+    RedriveRequest,
+    RedriveResponse,
+    SubmitJobRequest,
+    SubmitJobResponse,
+)
+from common.errors import JobqError, ServiceUnavailable, from_problem
+
+T = TypeVar("T")
+
+
+class Client:
+    """Talk to a jobq producer: `Client("http://127.0.0.1:8080", api_key=…)`.
+
+    Requests that fail to connect are retried by httpx's transport (`retries`); every method
+    raises the `common.errors` class the producer answered with (InvalidInput,
+    IdempotencyConflict, JobNotFound, Unauthorized, ServiceUnavailable, …). Timeouts are in
+    seconds. Use it as a context manager, or call `close()`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 10.0,
+        retries: int = 2,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(
+            base_url=base_url,
+            headers=headers,
+            timeout=timeout,
+            transport=transport or httpx.HTTPTransport(retries=retries),
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def submit(
+        self,
+        task_type: str,
+        payload: dict[str, Any],
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        delay_seconds: float = 0,
+        max_attempts: int | None = None,
+        timeout_seconds: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> SubmitJobResponse:
+        """Submit one job; a replay (same idempotency key and request) returns the same job."""
+        request = SubmitJobRequest(
+            task_type=task_type,
+            payload=payload,
+            queue=queue,
+            priority=priority,
+            delay_seconds=delay_seconds,
+            max_attempts=max_attempts,
+            timeout_seconds=timeout_seconds,
+            idempotency_key=idempotency_key,
+        )
+        return self._call("POST", "/jobs", SubmitJobResponse, request)
+
+    def submit_batch(self, requests: list[SubmitJobRequest]) -> BatchSubmitResponse:
+        """Submit up to 500 jobs; each gets its own result (202, 200, 409, 413 or 422)."""
+        body = BatchSubmitRequest(jobs=[msgspec.to_builtins(r) for r in requests])
+        return self._call("POST", "/jobs/batch", BatchSubmitResponse, body)
+
+    def get(self, job_id: uuid.UUID | str) -> JobView:
+        """The job's current view."""
+        return self._call("GET", f"/jobs/{job_id}", JobView)
+
+    def list(
+        self,
+        *,
+        status: JobStatus | None = None,
+        queue: str | None = None,
+        task_type: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> JobList:
+        """One page of jobs, newest first (admin key); pass `next_cursor` for the next page."""
+        params = {"status": status, "queue": queue, "taskType": task_type, "cursor": cursor}
+        query = {k: v for k, v in params.items() if v is not None} | {"limit": limit}
+        return self._call("GET", "/jobs", JobList, params=query)
+
+    def cancel(self, job_id: uuid.UUID | str) -> JobView:
+        """Cancel a job (admin key); a running one is stopped by its worker."""
+        return self._call("POST", f"/jobs/{job_id}/cancel", JobView)
+
+    def retry(self, job_id: uuid.UUID | str) -> JobView:
+        """Run a dead-lettered or cancelled job again (admin key)."""
+        return self._call("POST", f"/jobs/{job_id}/retry", JobView)
+
+    def redrive(
+        self, *, queue: str | None = None, task_type: str | None = None, limit: int | None = None
+    ) -> int:
+        """Move dead-lettered jobs back to PENDING (admin key); returns how many moved."""
+        body = RedriveRequest(queue=queue, task_type=task_type, limit=limit)
+        return self._call("POST", "/dead-letter/redrive", RedriveResponse, body).moved
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        type_: type[T],
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+    ) -> T:
+        content = None if body is None else msgspec.json.encode(body)
+        headers = {"Content-Type": "application/json"} if content is not None else None
+        try:
+            response = self._http.request(
+                method, path, content=content, headers=headers, params=params
+            )
+        except httpx.TransportError as exc:
+            raise ServiceUnavailable(f"jobq unreachable: {type(exc).__name__}") from exc
+        if not response.is_success:
+            try:
+                problem = response.json()
+            except ValueError:
+                problem = None
+            raise from_problem(problem, response.status_code)
+        try:
+            return msgspec.json.decode(response.content, type=type_)
+        except msgspec.DecodeError as exc:
+            raise JobqError(f"unexpected reply from {path}: {exc}") from exc

@@ -1,0 +1,116 @@
+"""`enqueue(connection, …)`: create a job inside the caller's own transaction.
+
+Seed: "order saved but job never queued cannot happen". The job row and its wake-up
+notification commit or roll back with the caller's writes, because they are written through the
+caller's connection by the same statement the queue service uses (`common.enqueue`), with the
+same validation. Workers long-polling the queue are woken at commit by `pg_notify`.
+
+Callers running at REPEATABLE READ or SERIALIZABLE must be ready to retry their transaction
+on a serialization failure, as for any other write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from common.contracts import SubmitJobRequest, SubmitJobResponse
+from common.enqueue import (
+    ENQUEUE_ASYNCPG,
+    ENQUEUE_NAMED,
+    FIND_EXISTING_ASYNCPG,
+    FIND_EXISTING_NAMED,
+    JobRow,
+    encode_rows,
+    job_row,
+)
+from common.errors import IdempotencyConflict, JobqError
+from common.ids import new_job_id
+from common.validation import check_payload
+from common.web import msgspec_error
+
+DEFAULT_MAX_ATTEMPTS = 5
+"""Used when `max_attempts` is omitted (the queue service's `QUEUE_MAX_ATTEMPTS` default)."""
+
+
+async def enqueue(
+    connection: Any,
+    task_type: str,
+    payload: dict[str, Any],
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    delay_seconds: float = 0,
+    max_attempts: int | None = None,
+    timeout_seconds: int | None = None,
+    idempotency_key: str | None = None,
+    default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> SubmitJobResponse:
+    """Insert one job through `connection` (an `asyncpg.Connection` or a SQLAlchemy
+    `AsyncConnection`), inside whatever transaction it has open.
+
+    Returns `{jobId, status}`; with an idempotency key used before by the same request, the
+    existing job (a replay). Raises InvalidInput/PayloadTooLarge for input the producer would
+    refuse, IdempotencyConflict when the key belongs to a different request.
+    """
+    fields = {
+        "taskType": task_type,
+        "payload": payload,
+        "queue": queue,
+        "priority": priority,
+        "delaySeconds": delay_seconds,
+        "maxAttempts": max_attempts,
+        "timeoutSeconds": timeout_seconds,
+        "idempotencyKey": idempotency_key,
+    }
+    try:
+        request = msgspec.convert(fields, SubmitJobRequest)
+    except msgspec.ValidationError as exc:
+        raise msgspec_error(str(exc)) from None
+    check_payload(request.payload)
+    row = job_row(request, new_job_id(), default_max_attempts)
+    inserted = await _insert(connection, row)
+    if inserted is not None:
+        return inserted
+    existing = await _find_existing(connection, row)
+    if existing is None:
+        raise JobqError("the job collided with one that has since been deleted; retry")
+    existing_id, status, fingerprint = existing
+    if fingerprint != row.request_hash:
+        raise IdempotencyConflict(
+            f"idempotency key {row.idempotency_key!r} is already used by job {existing_id} "
+            "with a different request"
+        )
+    return SubmitJobResponse(job_id=existing_id, status=status)
+
+
+def _is_asyncpg(connection: Any) -> bool:
+    return type(connection).__module__.startswith("asyncpg")
+
+
+async def _insert(connection: Any, row: JobRow) -> SubmitJobResponse | None:
+    rows_json = encode_rows([row])
+    if _is_asyncpg(connection):
+        found = await connection.fetchrow(ENQUEUE_ASYNCPG, rows_json)
+    else:
+        from sqlalchemy import text
+
+        result = await connection.execute(text(ENQUEUE_NAMED), {"rows": rows_json})
+        found = result.mappings().first()
+    return None if found is None else SubmitJobResponse(job_id=found["id"], status=found["status"])
+
+
+async def _find_existing(connection: Any, row: JobRow) -> tuple[Any, Any, str | None] | None:
+    if _is_asyncpg(connection):
+        found = await connection.fetchrow(FIND_EXISTING_ASYNCPG, row.id, row.idempotency_key)
+    else:
+        from sqlalchemy import text
+
+        result = await connection.execute(
+            text(FIND_EXISTING_NAMED), {"id": row.id, "key": row.idempotency_key}
+        )
+        found = result.mappings().first()
+    if found is None:
+        return None
+    return found["id"], found["status"], found["request_hash"]

@@ -1,0 +1,86 @@
+"""The client library against a real stack: the HTTP `Client`, and `enqueue` inside the
+caller's own transaction (asyncpg and SQLAlchemy)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import asyncpg
+import pytest
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from common.errors import IdempotencyConflict, InvalidInput, JobNotFound
+from infra.stack import LocalStack
+from jobq import Client, enqueue
+from services.queue.settings import async_database_url
+
+
+class Rollback(Exception):
+    """Raised to roll a test transaction back."""
+
+
+async def wait_status(client: Client, job_id: uuid.UUID, status: str, within: float = 20) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while (view := await asyncio.to_thread(client.get, job_id)).status != status:
+        assert loop.time() < deadline, f"job {job_id} stayed {view.status}, wanted {status}"
+        await asyncio.sleep(0.05)
+
+
+async def test_rolled_back_enqueue_never_exists(stack: LocalStack) -> None:
+    connection = await asyncpg.connect(stack.database_url)
+    try:
+        with pytest.raises(Rollback):
+            async with connection.transaction():
+                reply = await enqueue(connection, "noop", {"order": 1})
+                raise Rollback
+        row = await connection.fetchrow("SELECT id FROM job WHERE id = $1", reply.job_id)
+    finally:
+        await connection.close()
+    assert row is None
+    with Client(stack.producer) as client, pytest.raises(JobNotFound):
+        client.get(reply.job_id)
+
+
+async def test_committed_enqueue_is_picked_up_by_a_long_polling_worker(stack: LocalStack) -> None:
+    engine = create_async_engine(async_database_url(stack.database_url))
+    try:
+        async with engine.begin() as conn:
+            reply = await enqueue(conn, "noop", {"order": 2}, idempotency_key=f"o-{uuid.uuid4()}")
+            assert reply.status == "PENDING"
+    finally:
+        await engine.dispose()
+    with Client(stack.producer) as client:
+        await wait_status(client, reply.job_id, "COMPLETED")
+
+
+async def test_enqueue_validates_and_honours_idempotency(stack: LocalStack) -> None:
+    connection = await asyncpg.connect(stack.database_url)
+    key = f"k-{uuid.uuid4()}"
+    try:
+        first = await enqueue(connection, "noop", {"a": 1}, idempotency_key=key, delay_seconds=60)
+        again = await enqueue(connection, "noop", {"a": 1}, idempotency_key=key, delay_seconds=60)
+        assert again.job_id == first.job_id
+        with pytest.raises(IdempotencyConflict):
+            await enqueue(connection, "noop", {"a": 2}, idempotency_key=key)
+        with pytest.raises(InvalidInput) as bad:
+            await enqueue(connection, "Bad Name", {})
+        assert bad.value.errors[0]["pointer"] == "/taskType"
+        with pytest.raises(InvalidInput):
+            await enqueue(connection, "noop", {"x": "\x00"})
+    finally:
+        await connection.close()
+
+
+async def test_http_client_round_trip(stack: LocalStack) -> None:
+    with Client(stack.producer) as client:
+        created = await asyncio.to_thread(client.submit, "noop", {"n": 1}, priority=3)
+        await wait_status(client, created.job_id, "COMPLETED")
+        later = client.submit("noop", {"n": 2}, delay_seconds=600)
+        assert client.cancel(later.job_id).status == "CANCELLED"
+        assert client.retry(later.job_id).status == "PENDING"
+        page = client.list(limit=5)
+        assert len(page.items) <= 5 and page.items
+        with pytest.raises(InvalidInput):
+            client.submit("noop", {}, priority=5000)
