@@ -33,6 +33,7 @@ from common.web import (
 from services.queue.background import Reaper, Retention, Scheduler, every, refresh_depth
 from services.queue.depth import DepthCache
 from services.queue.metrics import QueueMetrics
+from services.queue.recurring import Recurring, parse_schedules
 from services.queue.repository import JobRepository
 from services.queue.routes import JobController, queues, redrive
 from services.queue.service import QueueService
@@ -119,6 +120,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         depth_cache = DepthCache(redis_client, ttl=settings.queue_depth_interval * 3)
         service = QueueService(repository, hub, settings, metrics, shutdown)
         reaper, scheduler = Reaper(repository, metrics), Scheduler(repository)
+        recurring = Recurring(service, parse_schedules(settings.queue_schedules))
         retention = Retention(
             repository, settings.queue_retention, settings.queue_dead_letter_retention
         )
@@ -136,6 +138,9 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
                     every(
                         "scheduler", settings.queue_scheduler_interval, scheduler.promote, shutdown
                     )
+                )
+                tasks.create_task(
+                    every("recurring", settings.queue_schedule_interval, recurring.tick, shutdown)
                 )
                 tasks.create_task(
                     every("retention", settings.queue_retention_interval, retention.purge, shutdown)

@@ -44,6 +44,16 @@ class QueueSettings(BaseServiceSettings):
     queue_dead_letter_retention: Duration = 14 * 86400.0
     queue_retention_interval: Duration = 60.0
     queue_internal_token: Token | None = None
+    queue_schedules: str = "[]"
+    queue_schedule_interval: Duration = 1.0
+
+    @field_validator("queue_schedules")
+    @classmethod
+    def _schedules(cls, value: str) -> str:
+        from services.queue.recurring import parse_schedules
+
+        parse_schedules(value)
+        return value
 
     @field_validator("database_url")
     @classmethod
@@ -57,6 +67,7 @@ class QueueSettings(BaseServiceSettings):
         "queue_depth_interval",
         "queue_poll_interval",
         "queue_retention_interval",
+        "queue_schedule_interval",
     )
     @classmethod
     def _positive_interval(cls, value: float) -> float:

@@ -1,0 +1,114 @@
+"""Recurring jobs: cron schedules from configuration, fired by every queue-service replica.
+
+Each schedule's current *bucket* is the latest cron time at or before now (database time).
+Every replica submits the bucket's job with the idempotency key `<name>:<bucket start>`, so
+however many replicas fire, exactly one job exists per bucket (pg-boss and River schedule the
+same way: deduplication instead of leader election). A bucket missed while every replica was
+down fires once, late, when one comes up within it.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+import msgspec
+from croniter import croniter
+
+from common.contracts import EnqueueRequest, Name, Priority
+from common.errors import JobqError
+from services.queue.service import QueueService
+
+logger = logging.getLogger(__name__)
+
+
+class Schedule(
+    msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True, frozen=True
+):
+    """One entry of `QUEUE_SCHEDULES`: `{"name","cron","taskType",?"queue",?"payload",?"priority"}`.
+
+    `cron` is a 5-field expression (minute hour day month weekday), or 6 fields with seconds
+    last, as croniter reads it.
+    """
+
+    name: Name
+    cron: str
+    task_type: Name
+    queue: Name = "default"
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+    priority: Priority = 0
+
+    def __post_init__(self) -> None:
+        if not croniter.is_valid(self.cron):
+            raise ValueError(f"schedule {self.name!r}: {self.cron!r} is not a cron expression")
+
+    def bucket(self, now: datetime) -> datetime:
+        """The start of the bucket `now` falls in: the latest cron time at or before now."""
+        # get_prev is strictly before its start; nudging past `now` makes "at" count too.
+        start: datetime = croniter(self.cron, now + timedelta(microseconds=1)).get_prev(datetime)
+        return start
+
+
+def parse_schedules(raw: str) -> list[Schedule]:
+    """Parse `QUEUE_SCHEDULES` (a JSON array); raises ValueError naming the bad entry."""
+    try:
+        schedules = msgspec.json.decode(raw.encode() or b"[]", type=list[Schedule])
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ValueError(f"QUEUE_SCHEDULES: {exc}") from None
+    names = [s.name for s in schedules]
+    if len(names) != len(set(names)):
+        raise ValueError("QUEUE_SCHEDULES: schedule names must be unique")
+    return schedules
+
+
+class Recurring:
+    """Fires `schedules` through `service`; remembers the last bucket fired per schedule so a
+    replica sends each bucket once (other replicas' sends are idempotent replays)."""
+
+    def __init__(self, service: QueueService, schedules: list[Schedule]) -> None:
+        self._service = service
+        self._schedules = schedules
+        self._fired: dict[str, datetime] = {}
+
+    async def tick(self) -> int:
+        """Fire every schedule whose bucket is new to this replica, at database time."""
+        if not self._schedules:
+            return 0
+        return await self.fire(await self._service.repository.now())
+
+    async def fire(self, now: datetime) -> int:
+        """Submit the current bucket's job of each schedule; returns how many were created
+        by this call (0 when another replica got there first)."""
+        created = 0
+        for schedule in self._schedules:
+            bucket = schedule.bucket(now)
+            if self._fired.get(schedule.name) == bucket:
+                continue
+            request = EnqueueRequest(
+                task_type=schedule.task_type,
+                queue=schedule.queue,
+                payload=schedule.payload,
+                priority=schedule.priority,
+                idempotency_key=f"{schedule.name}:{bucket.isoformat()}",
+            )
+            try:
+                submitted = await self._service.enqueue(request)
+            except JobqError as exc:
+                logger.warning(
+                    "schedule %s could not fire: %s",
+                    schedule.name,
+                    exc,
+                    extra={"event": "schedule_failed", "schedule": schedule.name},
+                )
+                continue
+            self._fired[schedule.name] = bucket
+            if submitted.created:
+                created += 1
+                logger.info(
+                    "schedule %s fired for %s",
+                    schedule.name,
+                    bucket.isoformat(),
+                    extra={"event": "schedule_fired", "job_id": str(submitted.response.job_id)},
+                )
+        return created
