@@ -79,6 +79,10 @@ boundaries: install ## import-linter: services independent, only the queue touch
 .PHONY: check
 check: lint typecheck boundaries ## lint + typecheck + boundaries
 
+.PHONY: openapi
+openapi: install ## Regenerate the committed OpenAPI documents in openapi/
+	$(BIN)/python -m infra.openapi
+
 .PHONY: keys
 keys: install ## Print the development API keys and internal token `make run` uses
 	@$(BIN)/python -m infra.devkeys

@@ -12,9 +12,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 from litestar import MediaType, Request, Response, get
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.handlers import HTTPRouteHandler
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.plugins.prometheus import PrometheusConfig
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -223,3 +225,51 @@ def require_json_body(request: Request[Any, Any, Any]) -> None:
     raise UnsupportedMediaType(
         f"send the body as application/json (got {media_type or 'no Content-Type'})"
     )
+
+
+class ProblemError(msgspec.Struct, kw_only=True):
+    """Where one bad input is (an RFC 6901 JSON pointer into the body, or `query:<name>`)."""
+
+    pointer: str
+    detail: str
+
+
+class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """RFC 9457 problem details, as every jobq error is answered."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[ProblemError] | None = None
+
+
+_PROBLEM_DESCRIPTIONS = {
+    400: "Malformed or empty body, or bad framing",
+    401: "Missing or unknown bearer token (when access keys are configured)",
+    403: "The key's role does not allow this operation",
+    404: "No such job",
+    409: "Conflict: stale receipt handle, reused idempotency key, or the job's state",
+    413: "Body or payload too large",
+    415: "The body is not application/json",
+    422: "A bound was broken; `errors` points at each bad input",
+    503: "A dependency is unavailable; retry after Retry-After seconds",
+}
+ALWAYS = (400, 401, 422, 503)
+"""Problems any route may answer."""
+WITH_BODY = (413, 415)
+"""Problems any route with a request body may also answer."""
+
+
+def problems(*statuses: int) -> dict[int, ResponseSpec]:
+    """OpenAPI responses for problem details: the `ALWAYS` set plus `statuses`."""
+    return {
+        status: ResponseSpec(
+            Problem,
+            description=_PROBLEM_DESCRIPTIONS[status],
+            media_type=PROBLEM_JSON,
+            generate_examples=False,
+        )
+        for status in sorted({*ALWAYS, *statuses})
+    }

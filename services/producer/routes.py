@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import msgspec
 from litestar import Controller, Response, get, post
@@ -30,9 +29,8 @@ from common.errors import JobqError
 from common.ids import new_job_id
 from common.queries import Cursor, Limit, QueueFilter, StatusFilter, TaskTypeFilter
 from common.validation import check_payload
+from common.web import problems
 from services.producer.client import QueueServiceClient
-
-_PROBLEM = ResponseSpec(data_container=dict[str, Any], description="Problem details (RFC 9457)")
 
 
 class JobController(Controller):
@@ -48,12 +46,7 @@ class JobController(Controller):
         summary="Submit a job",
         responses={
             200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
-            400: _PROBLEM,
-            409: _PROBLEM,
-            413: _PROBLEM,
-            415: _PROBLEM,
-            422: _PROBLEM,
-            503: _PROBLEM,
+            **problems(409, 413, 415),
         },
     )
     async def submit(
@@ -77,7 +70,7 @@ class JobController(Controller):
         status_code=200,
         summary="Submit up to 500 jobs",
         middleware=[mark_lone_surrogates],
-        responses={400: _PROBLEM, 413: _PROBLEM, 415: _PROBLEM, 422: _PROBLEM, 503: _PROBLEM},
+        responses=problems(413, 415),
     )
     async def submit_batch(
         self, data: JSONBody[BatchSubmitRequest], queue_client: NamedDependency[QueueServiceClient]
@@ -100,7 +93,7 @@ class JobController(Controller):
     @get(
         "/",
         summary="List jobs (newest first); admin",
-        responses={400: _PROBLEM, 401: _PROBLEM, 403: _PROBLEM, 503: _PROBLEM},
+        responses=problems(403),
         opt=ADMIN_ONLY,
     )
     async def list_jobs(
@@ -125,7 +118,7 @@ class JobController(Controller):
                 params[name] = value
         return await queue_client.list_jobs(params)
 
-    @get("/{job_id:uuid}", summary="Read a job", responses={404: _PROBLEM, 503: _PROBLEM})
+    @get("/{job_id:uuid}", summary="Read a job", responses=problems(404))
     async def read(
         self, job_id: FromPath[uuid.UUID], queue_client: NamedDependency[QueueServiceClient]
     ) -> JobView:
@@ -136,7 +129,7 @@ class JobController(Controller):
         "/{job_id:uuid}/cancel",
         status_code=200,
         summary="Cancel a job",
-        responses={401: _PROBLEM, 403: _PROBLEM, 404: _PROBLEM, 409: _PROBLEM, 503: _PROBLEM},
+        responses=problems(403, 404, 409),
         opt=ADMIN_ONLY,
     )
     async def cancel(
@@ -150,7 +143,7 @@ class JobController(Controller):
         "/{job_id:uuid}/retry",
         status_code=200,
         summary="Run a dead-lettered or cancelled job again",
-        responses={401: _PROBLEM, 403: _PROBLEM, 404: _PROBLEM, 409: _PROBLEM, 503: _PROBLEM},
+        responses=problems(403, 404, 409),
         opt=ADMIN_ONLY,
     )
     async def retry(
@@ -165,7 +158,7 @@ class JobController(Controller):
     status_code=200,
     tags=["dead-letter"],
     summary="Redrive dead-lettered jobs; admin",
-    responses={401: _PROBLEM, 403: _PROBLEM, 422: _PROBLEM, 503: _PROBLEM},
+    responses=problems(403, 413, 415),
     opt=ADMIN_ONLY,
 )
 async def redrive(

@@ -36,10 +36,9 @@ from common.contracts import (
 )
 from common.errors import JobqError
 from common.queries import Cursor, Limit, QueueFilter, StatusFilter, TaskTypeFilter
+from common.web import problems
 from services.queue.depth import DepthCache, current_depth
 from services.queue.service import QueueService
-
-_PROBLEM = ResponseSpec(data_container=dict[str, Any], description="Problem details (RFC 9457)")
 
 
 class JobController(Controller):
@@ -55,9 +54,7 @@ class JobController(Controller):
         summary="Create a job (or replay a submit)",
         responses={
             200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
-            409: _PROBLEM,
-            413: _PROBLEM,
-            422: _PROBLEM,
+            **problems(409, 413, 415),
         },
     )
     async def submit(
@@ -75,6 +72,7 @@ class JobController(Controller):
         "/batch",
         status_code=200,
         summary="Create up to 500 jobs",
+        responses=problems(413, 415),
         middleware=[mark_lone_surrogates],
     )
     async def submit_batch(
@@ -92,7 +90,7 @@ class JobController(Controller):
                 results.append(entry_result(index, (outcome.response, outcome.created)))
         return BatchSubmitResponse(results=sorted(results, key=lambda r: r.index))
 
-    @get("/", summary="List jobs (newest first)", responses={400: _PROBLEM})
+    @get("/", summary="List jobs (newest first)", responses=problems())
     async def list_jobs(
         self,
         service: NamedDependency[QueueService],
@@ -108,7 +106,7 @@ class JobController(Controller):
             status=status, queue=queue, task_type=task_type, cursor=cursor, limit=limit
         )
 
-    @get("/{job_id:uuid}", summary="Read a job", responses={404: _PROBLEM})
+    @get("/{job_id:uuid}", summary="Read a job", responses=problems(404))
     async def read(
         self, job_id: FromPath[uuid.UUID], service: NamedDependency[QueueService]
     ) -> JobView:
@@ -119,7 +117,10 @@ class JobController(Controller):
         "/next",
         status_code=200,
         summary="Claim jobs (long poll)",
-        responses={204: ResponseSpec(None, description="No job arrived within waitSeconds")},
+        responses={
+            204: ResponseSpec(None, description="No job arrived within waitSeconds"),
+            **problems(413, 415),
+        },
     )
     async def claim(
         self,
@@ -149,7 +150,7 @@ class JobController(Controller):
         status_code=200,
         middleware=[repair_report_bodies],
         summary="Complete a job",
-        responses={404: _PROBLEM, 409: _PROBLEM},
+        responses=problems(404, 409, 413, 415),
     )
     async def ack(
         self,
@@ -165,7 +166,7 @@ class JobController(Controller):
         status_code=200,
         middleware=[repair_report_bodies],
         summary="Fail an attempt",
-        responses={404: _PROBLEM, 409: _PROBLEM},
+        responses=problems(404, 409, 413, 415),
     )
     async def fail(
         self,
@@ -180,7 +181,7 @@ class JobController(Controller):
         "/{job_id:uuid}/heartbeat",
         status_code=200,
         summary="Extend or release a lease",
-        responses={404: _PROBLEM, 409: _PROBLEM},
+        responses=problems(404, 409, 413, 415),
     )
     async def heartbeat(
         self,
@@ -197,7 +198,7 @@ class JobController(Controller):
         status_code=200,
         middleware=[repair_report_bodies],
         summary="Confirm a cooperative cancel",
-        responses={404: _PROBLEM, 409: _PROBLEM},
+        responses=problems(404, 409, 413, 415),
     )
     async def cancelled(
         self,
@@ -212,7 +213,7 @@ class JobController(Controller):
         "/{job_id:uuid}/cancel",
         status_code=200,
         summary="Cancel a job",
-        responses={404: _PROBLEM, 409: _PROBLEM},
+        responses=problems(404, 409),
     )
     async def cancel(
         self, job_id: FromPath[uuid.UUID], service: NamedDependency[QueueService]
@@ -224,7 +225,7 @@ class JobController(Controller):
         "/{job_id:uuid}/retry",
         status_code=200,
         summary="Run a dead-lettered or cancelled job again",
-        responses={404: _PROBLEM, 409: _PROBLEM},
+        responses=problems(404, 409),
     )
     async def retry(
         self, job_id: FromPath[uuid.UUID], service: NamedDependency[QueueService]
@@ -233,7 +234,13 @@ class JobController(Controller):
         return await service.retry(job_id)
 
 
-@post("/dead-letter/redrive", status_code=200, tags=["dead-letter"], summary="Redrive")
+@post(
+    "/dead-letter/redrive",
+    status_code=200,
+    tags=["dead-letter"],
+    summary="Redrive dead-lettered jobs",
+    responses=problems(413, 415),
+)
 async def redrive(
     data: JSONBody[RedriveRequest], service: NamedDependency[QueueService]
 ) -> RedriveResponse:
@@ -242,7 +249,7 @@ async def redrive(
     return RedriveResponse(moved=moved)
 
 
-@get("/queues", tags=["queues"], summary="Queue depth")
+@get("/queues", tags=["queues"], summary="Queue depth", responses=problems())
 async def queues(
     service: NamedDependency[QueueService], depth_cache: NamedDependency[DepthCache]
 ) -> QueuesResponse:
