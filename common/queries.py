@@ -3,6 +3,7 @@ services so validation and OpenAPI agree."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated
 
 from litestar.params import QueryParameter
@@ -18,8 +19,8 @@ TaskTypeFilter = Annotated[
     QueryParameter(name="taskType", pattern=NAME_PATTERN, description="Only this task type."),
 ]
 Cursor = Annotated[
-    str | None,
-    QueryParameter(max_length=64, description="`nextCursor` of the previous page."),
+    uuid.UUID | None,
+    QueryParameter(description="`nextCursor` of the previous page."),
 ]
 Limit = Annotated[
     int,

@@ -10,13 +10,15 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import msgspec
-from litestar import MediaType, Request, Response, get
+from litestar import Litestar, MediaType, Request, Response, get
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import Schema
 from litestar.plugins.prometheus import PrometheusConfig
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -273,3 +275,55 @@ def problems(*statuses: int) -> dict[int, ResponseSpec]:
         )
         for status in sorted({*ALWAYS, *statuses})
     }
+
+
+def refine_struct_schemas(app: Litestar, module: ModuleType) -> None:
+    """Make the OpenAPI schemas of `module`'s Structs say what the server enforces.
+
+    Litestar's generator drops some msgspec constraints (a bound of 0, patterns on list items)
+    and never closes objects; this fills those in from the Structs themselves:
+    `additionalProperties: false` for `forbid_unknown_fields`, `minimum`/`maximum` and item
+    patterns from `Meta`.
+    """
+    structs = {
+        name: value
+        for name, value in vars(module).items()
+        if isinstance(value, type) and issubclass(value, msgspec.Struct)
+    }
+    components = app.openapi_schema.components
+    for name, schema in (components.schemas or {}).items():
+        struct = structs.get(name)
+        if struct is None or not isinstance(schema, Schema):
+            continue
+        if struct.__struct_config__.forbid_unknown_fields:
+            schema.additional_properties = False
+        info = msgspec.inspect.type_info(struct)
+        assert isinstance(info, msgspec.inspect.StructType)
+        for field in info.fields:
+            prop = (schema.properties or {}).get(field.encode_name)
+            if isinstance(prop, Schema):
+                _apply_constraints(prop, field.type)
+
+
+def _unwrap(kind: msgspec.inspect.Type) -> msgspec.inspect.Type:
+    while isinstance(kind, msgspec.inspect.Metadata):
+        kind = kind.type
+    return kind
+
+
+def _apply_constraints(prop: Schema, kind: msgspec.inspect.Type) -> None:
+    kind = _unwrap(kind)
+    if isinstance(kind, msgspec.inspect.UnionType):
+        concrete = [t for t in kind.types if not isinstance(t, msgspec.inspect.NoneType)]
+        if len(concrete) != 1:
+            return
+        kind = _unwrap(concrete[0])
+    if isinstance(kind, msgspec.inspect.IntType | msgspec.inspect.FloatType):
+        if kind.ge is not None and prop.minimum is None:
+            prop.minimum = kind.ge
+        if kind.le is not None and prop.maximum is None:
+            prop.maximum = kind.le
+    elif isinstance(kind, msgspec.inspect.ListType) and isinstance(prop.items, Schema):
+        item = _unwrap(kind.item_type)
+        if isinstance(item, msgspec.inspect.StrType) and item.pattern:
+            prop.items.pattern = item.pattern

@@ -12,6 +12,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from prometheus_client import CollectorRegistry
 
+from common import contracts
 from common.access import role_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.http import make_client
@@ -20,6 +21,7 @@ from common.web import (
     live,
     metrics_route,
     prometheus_config,
+    refine_struct_schemas,
     require_json_body,
 )
 from services.producer.client import QueueServiceClient
@@ -55,7 +57,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         client: QueueServiceClient = state.queue
         return client
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[JobController, redrive, ready, live, metrics_route(registry)],
         lifespan=[lifespan],
         dependencies={"queue_client": Provide(provide_queue, sync_to_thread=False)},
@@ -68,3 +70,5 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         logging_config=None,
         debug=False,
     )
+    refine_struct_schemas(app, contracts)
+    return app

@@ -108,14 +108,15 @@ class JobController(Controller):
         """Filter by status (`DEAD_LETTER` lists the dead-letter queue), queue and task type;
         keyset pagination, stable while new jobs arrive."""
         params: dict[str, str | int] = {"limit": limit}
-        for name, value in (
+        wanted: tuple[tuple[str, object], ...] = (
             ("status", status),
             ("queue", queue),
             ("taskType", task_type),
             ("cursor", cursor),
-        ):
+        )
+        for name, value in wanted:
             if value is not None:
-                params[name] = value
+                params[name] = str(value)
         return await queue_client.list_jobs(params)
 
     @get("/{job_id:uuid}", summary="Read a job", responses=problems(404))

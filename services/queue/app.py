@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from common import contracts
 from common.access import token_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.errors import JobqError
@@ -28,6 +29,7 @@ from common.web import (
     live,
     metrics_route,
     prometheus_config,
+    refine_struct_schemas,
     require_json_body,
 )
 from services.queue.background import Reaper, Retention, Scheduler, every, refresh_depth
@@ -170,7 +172,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         cache: DepthCache = state.depth_cache
         return cache
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[JobController, queues, redrive, ready, live, metrics_route(registry)],
         lifespan=[lifespan],
         dependencies={
@@ -187,6 +189,8 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         logging_config=None,
         debug=False,
     )
+    refine_struct_schemas(app, contracts)
+    return app
 
 
 __all__ = ["JobqError", "create_app", "head_revision"]

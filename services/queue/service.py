@@ -34,7 +34,6 @@ from common.contracts import (
 from common.enqueue import JobRow, job_row
 from common.errors import (
     IdempotencyConflict,
-    InvalidInput,
     InvalidState,
     JobNotFound,
     JobqError,
@@ -200,22 +199,12 @@ class QueueService:
         status: JobStatus | None,
         queue: str | None,
         task_type: str | None,
-        cursor: str | None,
+        cursor: uuid.UUID | None,
         limit: int,
     ) -> JobList:
-        """One page of jobs, newest first. Raises InvalidInput for a cursor this service did
-        not hand out."""
-        before = None
-        if cursor is not None:
-            try:
-                before = uuid.UUID(cursor)
-            except ValueError:
-                raise InvalidInput(
-                    "cursor is not one this service returned",
-                    errors=[{"pointer": "query:cursor", "detail": "not a valid cursor"}],
-                ) from None
+        """One page of jobs, newest first; `cursor` is the previous page's `next_cursor`."""
         items = await self.repository.list_jobs(
-            status=status, queue=queue, task_type=task_type, before=before, limit=limit
+            status=status, queue=queue, task_type=task_type, before=cursor, limit=limit
         )
         next_cursor = str(items[-1].id) if len(items) == limit else None
         return JobList(items=items, next_cursor=next_cursor)
