@@ -21,6 +21,7 @@ from common.contracts import (
     SubmitJobResponse,
 )
 from common.errors import JobqError, ServiceUnavailable, from_problem
+from jobq.request import build_request
 
 T = TypeVar("T")
 
@@ -78,10 +79,11 @@ class Client:
         timeout_seconds: int | None = None,
         idempotency_key: str | None = None,
     ) -> SubmitJobResponse:
-        """Submit one job; a replay (same idempotency key and request) returns the same job."""
-        request = SubmitJobRequest(
-            task_type=task_type,
-            payload=payload,
+        """Submit one job; a replay (same idempotency key and request) returns the same job.
+        Bad input raises InvalidInput/PayloadTooLarge before anything is sent."""
+        request = build_request(
+            task_type,
+            payload,
             queue=queue,
             priority=priority,
             delay_seconds=delay_seconds,

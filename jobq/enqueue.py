@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
-from common.contracts import SubmitJobRequest, SubmitJobResponse
+from common.contracts import SubmitJobResponse
 from common.enqueue import (
     ENQUEUE_ASYNCPG,
     ENQUEUE_NAMED,
@@ -27,8 +25,7 @@ from common.enqueue import (
 )
 from common.errors import IdempotencyConflict, JobqError
 from common.ids import new_job_id
-from common.validation import check_payload
-from common.web import msgspec_error
+from jobq.request import build_request
 
 DEFAULT_MAX_ATTEMPTS = 5
 """Used when `max_attempts` is omitted (the queue service's `QUEUE_MAX_ATTEMPTS` default)."""
@@ -54,21 +51,16 @@ async def enqueue(
     existing job (a replay). Raises InvalidInput/PayloadTooLarge for input the producer would
     refuse, IdempotencyConflict when the key belongs to a different request.
     """
-    fields = {
-        "taskType": task_type,
-        "payload": payload,
-        "queue": queue,
-        "priority": priority,
-        "delaySeconds": delay_seconds,
-        "maxAttempts": max_attempts,
-        "timeoutSeconds": timeout_seconds,
-        "idempotencyKey": idempotency_key,
-    }
-    try:
-        request = msgspec.convert(fields, SubmitJobRequest)
-    except msgspec.ValidationError as exc:
-        raise msgspec_error(str(exc)) from None
-    check_payload(request.payload)
+    request = build_request(
+        task_type,
+        payload,
+        queue=queue,
+        priority=priority,
+        delay_seconds=delay_seconds,
+        max_attempts=max_attempts,
+        timeout_seconds=timeout_seconds,
+        idempotency_key=idempotency_key,
+    )
     row = job_row(request, new_job_id(), default_max_attempts)
     inserted = await _insert(connection, row)
     if inserted is not None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -398,6 +399,13 @@ async def _translated() -> AsyncIterator[None]:
         raise
 
 
+async def _wake(conn: AsyncConnection, counts: Mapping[str, int]) -> None:
+    """Tell long-polling claimers on every replica how many jobs each queue just got; sent at
+    commit, so a rolled-back change wakes nobody."""
+    for queue, count in counts.items():
+        await conn.execute(_NOTIFY, {"channel": WAKEUP_CHANNEL, "payload": f"{queue}:{count}"})
+
+
 class JobRepository:
     """PostgreSQL access for jobs, over one SQLAlchemy `AsyncEngine` (asyncpg driver)."""
 
@@ -552,14 +560,9 @@ class JobRepository:
         transaction. Returns how many were promoted per queue."""
         async with self._transaction() as conn:
             rows = (await conn.execute(_PROMOTE, {"batch": batch})).all()
-            counts: dict[str, int] = {}
-            for (queue,) in rows:
-                counts[queue] = counts.get(queue, 0) + 1
-            for queue, count in counts.items():
-                await conn.execute(
-                    _NOTIFY, {"channel": WAKEUP_CHANNEL, "payload": f"{queue}:{count}"}
-                )
-        return counts
+            counts = Counter(queue for (queue,) in rows)
+            await _wake(conn, counts)
+        return dict(counts)
 
     async def heartbeat(
         self, job_id: uuid.UUID, lease_id: uuid.UUID, visibility_timeout: int
@@ -584,9 +587,7 @@ class JobRepository:
             if row is None:
                 return None
             if row["status"] == JobStatus.PENDING:
-                await conn.execute(
-                    _NOTIFY, {"channel": WAKEUP_CHANNEL, "payload": f"{row['queue']}:1"}
-                )
+                await _wake(conn, {row["queue"]: 1})
         return Extended(
             row["queue"],
             row["task_type"],
@@ -619,7 +620,7 @@ class JobRepository:
             row = (await conn.execute(_RETRY, {"id": job_id})).mappings().first()
             if row is None:
                 return None
-            await conn.execute(_NOTIFY, {"channel": WAKEUP_CHANNEL, "payload": f"{row['queue']}:1"})
+            await _wake(conn, {row["queue"]: 1})
         return _to_view(row)
 
     async def redrive(self, queue: str | None, task_type: str | None, batch: int) -> int:
@@ -631,13 +632,7 @@ class JobRepository:
                     _REDRIVE, {"queue": queue, "task_type": task_type, "batch": batch}
                 )
             ).all()
-            counts: dict[str, int] = {}
-            for (name,) in rows:
-                counts[name] = counts.get(name, 0) + 1
-            for name, count in counts.items():
-                await conn.execute(
-                    _NOTIFY, {"channel": WAKEUP_CHANNEL, "payload": f"{name}:{count}"}
-                )
+            await _wake(conn, Counter(name for (name,) in rows))
         return len(rows)
 
     async def delete_finished(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from common.metrics import BoundedLabel
 
@@ -17,7 +17,8 @@ class WorkerMetrics:
         self.task_label = BoundedLabel(label_limit)
         self.job_duration = Histogram(
             "jobq_worker_job_duration_seconds",
-            "Processor run time by task type and outcome (success|retry|dead_letter|lost).",
+            "Processor run time by task type and outcome"
+            " (success|retry|dead_letter|cancelled|released).",
             ["task_type", "outcome"],
             buckets=_JOB_BUCKETS,
             registry=registry,
@@ -35,3 +36,8 @@ class WorkerMetrics:
             "jobq_worker_slots", "Jobs this worker may run at once.", registry=registry
         )
         self.slots.set(slots)
+        self.lost_leases = Counter(
+            "jobq_worker_lost_leases",
+            "Results discarded because the lease was lost (another worker owns the job).",
+            registry=registry,
+        )

@@ -268,42 +268,36 @@ class Worker:
         job = running.job
         task_label = self._metrics.task_label(job.task_type)
         extra = {"event": f"job_{reason.name.lower()}", "job_id": str(job.id)}
-        try:
-            match reason:
-                case Stop.CANCEL_REQUESTED:
-                    await self._settle(
-                        job, lambda: self._client.cancelled(job.id, job.receipt_handle)
-                    )
+        match reason:
+            case Stop.CANCEL_REQUESTED:
+                handle = job.receipt_handle
+                confirmed = await self._settle(
+                    running, "cancel confirmation", lambda: self._client.cancelled(job.id, handle)
+                )
+                if confirmed is not None:
                     self._metrics.job_duration.labels(task_label, "cancelled").observe(duration)
                     logger.info("job cancelled on request", extra=extra)
-                case Stop.SHUTDOWN:
+            case Stop.SHUTDOWN:
+                # One try only: the process is exiting, and an unreleased lease just expires.
+                try:
                     await self._client.heartbeat(job.id, job.receipt_handle, 0)
-                    self._metrics.job_duration.labels(task_label, "released").observe(duration)
-                    logger.warning("job released at shutdown", extra=extra)
-                case Stop.LEASE_LOST:
-                    self._lost(job, "heartbeat refused", task_label, duration)
-        except StaleReceiptHandle as exc:
-            self._lost(job, str(exc), task_label, duration)
-        except JobqError as exc:
-            logger.warning("could not report %s: %s", reason.value, exc, extra=extra)
+                except JobqError as exc:
+                    logger.warning("could not release at shutdown: %s", exc, extra=extra)
+                    return
+                self._metrics.job_duration.labels(task_label, "released").observe(duration)
+                logger.warning("job released at shutdown", extra=extra)
+            case Stop.LEASE_LOST:
+                self._lost(job, "heartbeat refused")
 
     async def _report_success(self, running: Running, result: Any, duration: float) -> None:
         job = running.job
+        value = storable(result)
+        acked = await self._settle(
+            running, "ack", lambda: self._client.ack(job.id, job.receipt_handle, value)
+        )
+        if acked is None:
+            return
         task_label = self._metrics.task_label(job.task_type)
-        try:
-            await self._settle(
-                job, lambda: self._client.ack(job.id, job.receipt_handle, storable(result))
-            )
-        except StaleReceiptHandle as exc:
-            self._lost(job, str(exc), task_label, duration)
-            return
-        except JobqError as exc:
-            logger.warning(
-                "ack failed: %s; the lease will expire and the job run again",
-                exc,
-                extra={"event": "ack_failed", "job_id": str(job.id)},
-            )
-            return
         self._metrics.job_duration.labels(task_label, "success").observe(duration)
         self._metrics.claim_to_settle.observe(time.monotonic() - running.claimed)
         logger.info(
@@ -318,30 +312,22 @@ class Worker:
 
     async def _report_failure(self, running: Running, failure: Failure, duration: float) -> None:
         job = running.job
-        task_label = self._metrics.task_label(job.task_type)
         error = sanitize_text(failure.error, ERROR_MAX_BYTES)
-        try:
-            view = await self._settle(
-                job,
-                lambda: self._client.fail(
-                    job.id,
-                    job.receipt_handle,
-                    error,
-                    retryable=failure.retryable,
-                    retry_after=failure.retry_after,
-                ),
-            )
-        except StaleReceiptHandle as exc:
-            self._lost(job, str(exc), task_label, duration)
-            return
-        except JobqError as exc:
-            logger.warning(
-                "fail report failed: %s; the lease will expire",
-                exc,
-                extra={"event": "fail_report_failed", "job_id": str(job.id)},
-            )
+        view = await self._settle(
+            running,
+            "fail report",
+            lambda: self._client.fail(
+                job.id,
+                job.receipt_handle,
+                error,
+                retryable=failure.retryable,
+                retry_after=failure.retry_after,
+            ),
+        )
+        if view is None:
             return
         outcome = "dead_letter" if view.status is JobStatus.DEAD_LETTER else "retry"
+        task_label = self._metrics.task_label(job.task_type)
         self._metrics.job_duration.labels(task_label, outcome).observe(duration)
         self._metrics.claim_to_settle.observe(time.monotonic() - running.claimed)
         extra = {
@@ -355,24 +341,40 @@ class Worker:
         else:
             logger.warning("job failed, will retry: %s", error, extra=extra)
 
-    async def _settle(self, job: JobMessage, report: Callable[[], Awaitable[T]]) -> T:
-        """Send a settle report, retrying (jittered, 0.2 s doubling to 5 s) while the queue
-        service is unavailable, for up to the job's visibility timeout: a lease holds until it
-        is reaped, so an ack that arrives after an outage still counts, and the job is not run
-        twice for want of a report. Raises the last error after that."""
+    async def _settle(
+        self, running: Running, what: str, report: Callable[[], Awaitable[T]]
+    ) -> T | None:
+        """Send a settle report; None when it was not recorded (lease lost, or the queue
+        service stayed unreachable), which is logged here.
+
+        While the queue service is unavailable the report is retried (jittered, 0.2 s doubling
+        to 5 s) for up to the job's visibility timeout: a lease holds until it is reaped, so a
+        report that arrives after an outage still counts and the job does not run twice.
+        """
+        job = running.job
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(ServiceUnavailable),
             wait=wait_exponential_jitter(initial=0.2, max=5.0),
             stop=stop_after_delay(job.visibility_timeout),
             reraise=True,
         )
-        async for attempt in retrying:
-            with attempt:
-                return await report()
-        raise AssertionError("unreachable: tenacity re-raises the last error")
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await report()
+        except StaleReceiptHandle as exc:
+            self._lost(job, str(exc))
+        except JobqError as exc:
+            logger.warning(
+                "%s failed: %s; the lease will expire and the job run again",
+                what,
+                exc,
+                extra={"event": "report_failed", "job_id": str(job.id)},
+            )
+        return None
 
-    def _lost(self, job: JobMessage, why: str, task_label: str, duration: float) -> None:
-        self._metrics.job_duration.labels(task_label, "lost").observe(duration)
+    def _lost(self, job: JobMessage, why: str) -> None:
+        self._metrics.lost_leases.inc()
         logger.warning(
             "lease lost; result discarded: %s",
             why,
