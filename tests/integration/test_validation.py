@@ -1,0 +1,140 @@
+"""Every bad input gets a precise problem-details 4xx from both public doors (the producer and
+the queue service), and nothing is written."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from services.producer.app import create_app as create_producer
+from services.producer.settings import ProducerSettings
+from services.queue.app import create_app as create_queue
+from services.queue.repository import JobRepository
+from services.queue.settings import QueueSettings
+from tests.conftest import serving
+
+
+def nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"d": value}
+    return value
+
+
+@pytest.fixture(params=["producer", "queue"])
+async def door(
+    request: pytest.FixtureRequest, clean_database: str, redis_url: str
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client for the producer or the queue service (both on the clean test database)."""
+    token = SecretStr("validation-token-0123")
+    queue_settings = QueueSettings(
+        database_url=clean_database, redis_url=redis_url, queue_internal_token=token
+    )
+    async with serving(create_queue(queue_settings)) as queue:
+        if request.param == "queue":
+            queue.headers["Authorization"] = f"Bearer {token.get_secret_value()}"
+            yield queue
+            return
+        producer_settings = ProducerSettings(
+            queue_service_url=str(queue.base_url), queue_internal_token=token
+        )
+        async with serving(create_producer(producer_settings)) as producer:
+            yield producer
+
+
+async def no_jobs(repository: JobRepository) -> bool:
+    return sum(row.count for row in await repository.depth()) == 0
+
+
+def assert_problem(reply: httpx.Response, status: int, pointer: str | None = None) -> None:
+    assert reply.status_code == status, reply.text
+    assert reply.headers["content-type"].startswith("application/problem+json")
+    problem = reply.json()
+    assert problem["status"] == status
+    assert {"type", "title", "detail"} <= problem.keys()
+    assert "Traceback" not in reply.text and "sqlalchemy" not in reply.text.lower()
+    if pointer is not None:
+        assert pointer in [error["pointer"] for error in problem["errors"]], problem
+
+
+BASE = {"taskType": "noop", "payload": {}}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "pointer"),
+    [
+        ({"taskType": "x", "payload": [1]}, 422, "/payload"),
+        ({"taskType": "x", "payload": "text"}, 422, "/payload"),
+        ({"taskType": "x"}, 422, "/payload"),
+        ({**BASE, "delay_seconds": 1}, 422, "/delay_seconds"),
+        ({**BASE, "priority": 5000}, 422, "/priority"),
+        ({**BASE, "priority": -1001}, 422, "/priority"),
+        ({**BASE, "priority": "high"}, 422, "/priority"),
+        ({**BASE, "priority": 1.5}, 422, "/priority"),
+        ({**BASE, "delaySeconds": -1}, 422, "/delaySeconds"),
+        ({**BASE, "delaySeconds": 1_209_601}, 422, "/delaySeconds"),
+        ({**BASE, "maxAttempts": 0}, 422, "/maxAttempts"),
+        ({**BASE, "maxAttempts": 101}, 422, "/maxAttempts"),
+        ({**BASE, "timeoutSeconds": 0}, 422, "/timeoutSeconds"),
+        ({**BASE, "timeoutSeconds": 43_201}, 422, "/timeoutSeconds"),
+        ({"taskType": "Bad Name", "payload": {}}, 422, "/taskType"),
+        ({"taskType": "a" * 65, "payload": {}}, 422, "/taskType"),
+        ({"taskType": "", "payload": {}}, 422, "/taskType"),
+        ({"taskType": "noop\n", "payload": {}}, 422, "/taskType"),
+        ({**BASE, "queue": "Default"}, 422, "/queue"),
+        ({**BASE, "queue": "default\n"}, 422, "/queue"),
+        ({**BASE, "idempotencyKey": ""}, 422, "/idempotencyKey"),
+        ({**BASE, "idempotencyKey": "k" * 256}, 422, "/idempotencyKey"),
+        ({**BASE, "idempotencyKey": "k\u0001"}, 422, "/idempotencyKey"),
+        ({**BASE, "idempotencyKey": "k\udc00"}, 422, "/idempotencyKey"),
+        ({"taskType": "x", "payload": {"a": {"b": "nul\u0000"}}}, 422, "/payload/a/b"),
+        ({"taskType": "x", "payload": {"a": [{"k\u0000": 1}]}}, 422, "/payload/a/0/k\u0000"),
+        ({"taskType": "x", "payload": {"a": ["ok", "lone \ud800"]}}, 422, "/payload/a/1"),
+        ({"taskType": "x", "payload": nested(33)}, 422, None),
+        ({"taskType": "x", "payload": {"big": "x" * 300_000}}, 413, "/payload"),
+    ],
+)
+async def test_bad_job_is_refused_precisely(
+    door: httpx.AsyncClient,
+    repository: JobRepository,
+    body: dict[str, Any],
+    status: int,
+    pointer: str | None,
+) -> None:
+    # json.dumps escapes lone surrogates (httpx's own encoder would refuse them).
+    reply = await door.post(
+        "/jobs", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
+
+    assert_problem(reply, status, pointer)
+    assert await no_jobs(repository)
+
+
+async def test_bad_framing_is_refused_precisely(
+    door: httpx.AsyncClient, repository: JobRepository
+) -> None:
+    json_type = {"content-type": "application/json"}
+    assert_problem(await door.post("/jobs", content=b'{"taskType": "x",', headers=json_type), 400)
+    assert_problem(await door.post("/jobs", content=b"[1, NaN]", headers=json_type), 400)
+    assert_problem(await door.post("/jobs"), 400)
+    text = json.dumps(BASE).encode()
+    for content_type in ("text/plain", "", "application/x-www-form-urlencoded"):
+        plain = await door.post("/jobs", content=text, headers={"content-type": content_type})
+        assert_problem(plain, 415)
+    for field in ("priority", "delaySeconds", "maxAttempts"):
+        # A number no float or int can hold is unreadable JSON for us: 400, saying why.
+        unreadable = f'{{"taskType":"noop","payload":{{}},"{field}":1e400}}'.encode()
+        reply = await door.post("/jobs", content=unreadable, headers=json_type)
+        assert_problem(reply, 400)
+        assert "out of range" in reply.json()["detail"]
+    huge = b'{"taskType":"x","payload":{"s":"' + b"x" * (9 * 1024 * 1024) + b'"}}'
+    assert_problem(await door.post("/jobs", content=huge, headers=json_type), 413)
+    assert_problem(await door.get("/nowhere"), 404)
+    assert_problem(await door.delete("/jobs"), 405)
+    assert_problem(await door.get("/jobs/not-a-uuid"), 404)
+    assert await no_jobs(repository)
