@@ -50,7 +50,7 @@ run: install ## Start PostgreSQL/Redis if needed, migrate, run queue, producer, 
 		export DATABASE_URL REDIS_URL && $(BIN)/alembic upgrade head && \
 		eval "$$($(BIN)/python -m infra.devkeys)" && \
 		echo "jobq: producer http://127.0.0.1:8080  queue http://127.0.0.1:8081  workers' metrics :9101 :9102  (Ctrl-C stops)" && \
-		echo "jobq: for curl, run:  export JOBQ_KEY=$$JOBQ_KEY" && \
+		echo "jobq: try  curl -s -X POST localhost:8080/jobs -H 'Authorization: Bearer $$JOBQ_KEY' -H 'Content-Type: application/json' -d '{\"taskType\":\"email\",\"payload\":{\"to\":\"a@example.com\",\"subject\":\"hi\"}}'" && \
 		env $(RUN_ENV) $(BIN)/honcho --no-colour -d . -f infra/Procfile start; \
 		status=$$?; [ $$status -eq 0 ] || [ $$status -eq 130 ]  # 130: stopped with Ctrl-C
 
