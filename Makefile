@@ -76,8 +76,12 @@ typecheck: install ## mypy (strict) over common, services, infra, benchmark
 boundaries: install ## import-linter: services independent, only the queue touches the database
 	$(BIN)/lint-imports
 
+.PHONY: infra-check
+infra-check: install ## Validate infra/compose.yml against the compose specification (offline)
+	$(BIN)/check-jsonschema --builtin-schema vendor.compose-spec infra/compose.yml
+
 .PHONY: check
-check: lint typecheck boundaries ## lint + typecheck + boundaries
+check: lint typecheck boundaries infra-check ## lint + typecheck + boundaries + infra-check
 
 .PHONY: openapi
 openapi: install ## Regenerate the committed OpenAPI documents in openapi/

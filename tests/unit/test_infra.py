@@ -1,0 +1,34 @@
+"""Deployment files run the same commands as `make run` and the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def procfile_commands() -> dict[str, list[str]]:
+    commands = {}
+    for line in (ROOT / "infra" / "Procfile").read_text().splitlines():
+        name, _, command = line.partition(":")
+        words = [w for w in command.split() if w != "env" and "=" not in w]
+        commands[name.strip().rstrip("0123456789")] = words
+    return commands
+
+
+def test_compose_runs_the_procfile_commands() -> None:
+    compose = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
+    procfile = procfile_commands()
+    for service in ("queue", "producer", "worker"):
+        assert compose["services"][service]["command"] == procfile[service], service
+    assert compose["services"]["smtp"]["command"][:3] == procfile["smtp"]
+
+
+def test_worker_stop_grace_covers_its_drain_budget() -> None:
+    compose = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
+    worker = compose["services"]["worker"]
+    assert "ports" not in worker, "host ports would break --scale"
+    grace = int(worker["stop_grace_period"].rstrip("s"))
+    assert grace > 25, "must exceed WORKER_SHUTDOWN_GRACE (25 s) plus releasing jobs"
