@@ -140,7 +140,7 @@ class BatchSubmitRequest(_Wire):
     ]
 
 
-class BatchEntryResult(_Wire):
+class BatchEntryResult(_Wire, omit_defaults=True):
     """One entry's outcome, in request order: `status` 202 (created), 200 (replay, including
     a repeated idempotency key within the batch), 409, 413 or 422 with `error` problem details."""
 

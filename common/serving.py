@@ -38,6 +38,3 @@ def serve(app: Litestar, host: str, port: int, grace_seconds: float) -> None:
         lifespan="on",
     )
     _Server(config, app).run()
-
-
-__all__ = ["serve"]

@@ -66,6 +66,8 @@ def _validation_to_error(exc: ValidationException) -> JobqError:
             continue
         message = str(entry.get("message", ""))
         source = entry.get("source")
+        # Litestar's ParamType is an Enum: use its value ("query"), not its repr.
+        source = getattr(source, "value", source)
         key = str(entry.get("key") or "")
         if "malformed" in message.lower() or "truncated" in message.lower():
             malformed = True

@@ -41,7 +41,7 @@ def main() -> None:
         print(f"export {key}={shlex.quote(value)}")
     print(
         f"jobq: development keys (kept in {ENV_FILE}): admin {values['JOBQ_KEY']}"
-        f"  submit {values['JOBQ_SUBMIT_KEY']}",
+        f"  submit {values['JOBQ_SUBMIT_KEY']}  internal token {values['QUEUE_INTERNAL_TOKEN']}",
         file=sys.stderr,
     )
 

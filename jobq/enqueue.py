@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.contracts import SubmitJobResponse
+from common.contracts import JobStatus, SubmitJobResponse
 from common.enqueue import (
     ENQUEUE_ASYNCPG,
     ENQUEUE_NAMED,
@@ -74,7 +74,7 @@ async def enqueue(
             f"idempotency key {row.idempotency_key!r} is already used by job {existing_id} "
             "with a different request"
         )
-    return SubmitJobResponse(job_id=existing_id, status=status)
+    return SubmitJobResponse(job_id=existing_id, status=JobStatus(status))
 
 
 def _is_asyncpg(connection: Any) -> bool:
@@ -90,7 +90,9 @@ async def _insert(connection: Any, row: JobRow) -> SubmitJobResponse | None:
 
         result = await connection.execute(text(ENQUEUE_NAMED), {"rows": rows_json})
         found = result.mappings().first()
-    return None if found is None else SubmitJobResponse(job_id=found["id"], status=found["status"])
+    if found is None:
+        return None
+    return SubmitJobResponse(job_id=found["id"], status=JobStatus(found["status"]))
 
 
 async def _find_existing(connection: Any, row: JobRow) -> tuple[Any, Any, str | None] | None:

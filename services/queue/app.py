@@ -23,7 +23,6 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from common import contracts
 from common.access import token_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
-from common.errors import JobqError
 from common.web import (
     exception_handlers,
     live,
@@ -191,6 +190,3 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
     )
     refine_struct_schemas(app, contracts)
     return app
-
-
-__all__ = ["JobqError", "create_app", "head_revision"]

@@ -368,10 +368,12 @@ class QueueService:
         return moved
 
     async def _raise_stale(self, job_id: uuid.UUID, handle: uuid.UUID) -> None:
-        if await self.repository.get(job_id) is None:
+        found = await self.repository.get(job_id)
+        if found is None:
             raise JobNotFound(f"no job has id {job_id}")
         raise StaleReceiptHandle(
-            f"receipt handle {handle} is not the latest for job {job_id}: the lease was lost"
+            f"receipt handle {handle} no longer holds job {job_id} (now {found[0].status}): "
+            "it was settled, released or handed out again"
         )
 
     async def _replay_or_stale(self, job_id: uuid.UUID, handle: uuid.UUID) -> JobView:

@@ -218,4 +218,6 @@ async def test_listing_filters_and_bad_parameters(client: httpx.AsyncClient) -> 
     ):
         reply = await client.get("/jobs", params=bad)
         assert reply.status_code == 422, (bad, reply.text)
+        [name] = bad
+        assert reply.json()["errors"][0]["pointer"] == f"query:{name}", reply.text
         assert reply.headers["content-type"].startswith("application/problem+json")
