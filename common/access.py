@@ -13,8 +13,8 @@ from litestar.handlers.base import BaseRouteHandler
 
 from common.errors import Forbidden, Unauthorized
 
-PUBLIC_PATHS = ("/health/", "/metrics", "/schema")
-"""Paths every service serves without credentials: probes, scrapes and the API description."""
+PROBE_PATHS = ("/health/live", "/health/ready", "/metrics")
+"""Paths every service serves without credentials: probes and scrapes."""
 
 Guard = Callable[[ASGIConnection[Any, Any, Any, Any], BaseRouteHandler], None]
 
@@ -52,8 +52,11 @@ def _bearer(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
     return token.strip()
 
 
-def _is_public(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
-    return connection.url.path.startswith(PUBLIC_PATHS)
+def _is_public(connection: ASGIConnection[Any, Any, Any, Any], *, schema: bool) -> bool:
+    path = connection.url.path
+    if path in PROBE_PATHS:
+        return True
+    return schema and (path == "/schema" or path.startswith("/schema/"))
 
 
 def _match(token: str, candidates: dict[str, Role]) -> Role | None:
@@ -74,7 +77,8 @@ def role_guard(keys: dict[str, Role]) -> Guard:
     admin and the key's is not. With no keys configured, access is open (development)."""
 
     def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
-        if not keys or _is_public(connection):
+        # The public API's description is public; the internal one is not.
+        if not keys or _is_public(connection, schema=True):
             return
         role = _match(_bearer(connection), keys)
         if role is None:
@@ -86,11 +90,11 @@ def role_guard(keys: dict[str, Role]) -> Guard:
 
 
 def token_guard(token: str | None) -> Guard:
-    """A Litestar guard for the queue service: every route but health, metrics and the API
-    description needs `Authorization: Bearer <QUEUE_INTERNAL_TOKEN>` when a token is set."""
+    """A Litestar guard for the queue service: every route but health and metrics needs
+    `Authorization: Bearer <QUEUE_INTERNAL_TOKEN>` when a token is set (DESIGN.md §5a)."""
 
     def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-        if token is None or _is_public(connection):
+        if token is None or _is_public(connection, schema=False):
             return
         if _match(_bearer(connection), {token: Role.ADMIN}) is None:
             raise Unauthorized("unknown internal token")

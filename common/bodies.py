@@ -1,64 +1,87 @@
-"""ASGI middleware for JSON bodies holding escapes of unpaired surrogates (`"\ud800"`).
+"""Handler middleware for JSON request bodies: strict decoding and unpaired surrogates.
 
-Such escapes are valid JSON but not valid Unicode, so the decoder rejects the whole body with
-an unhelpful message. Workers' reports get them replaced (DESIGN.md §5: a report is always
-recordable); submits get them marked, so validation can name the exact field (422 with a JSON
-pointer) instead of failing the whole body.
+- **Strict types.** Litestar converts bodies leniently (`"5"` becomes `5`); jobq's contract is
+  that a wrong type is an error, so every body is first decoded strictly against its Struct and
+  a mismatch is a 422 with a JSON pointer.
+- **Unpaired surrogates.** Escapes like `"\\ud800"` are valid JSON but not valid Unicode, so the
+  decoder would reject the whole body with an unhelpful message. Workers' reports get them
+  replaced (DESIGN.md §5: a report is always recordable); submits get them marked, so
+  validation names the exact field.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from typing import Literal
+
+import msgspec
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
 from common.contracts import REQUEST_BODY_MAX_BYTES
-from common.text import repair_lone_surrogate_escapes
+from common.errors import MalformedRequest
+from common.text import LONE_SURROGATE_MARK_ESCAPE, repair_lone_surrogate_escapes
+from common.web import msgspec_error
 
-LONE_SURROGATE_MARK_ESCAPE = "\\udbff\\udffe"
-"""The JSON escape of `common.text.LONE_SURROGATE_MARK`."""
-
-
-def repair_report_bodies(app: ASGIApp) -> ASGIApp:
-    """Replace lone-surrogate escapes with U+FFFD (for workers' reports)."""
-    return _rewriting(app, "\\ufffd")
+_THREAD_ABOVE = 64 * 1024
+"""Bodies larger than this are scanned for surrogates off the event loop."""
 
 
-def mark_lone_surrogates(app: ASGIApp) -> ASGIApp:
-    """Replace lone-surrogate escapes with `LONE_SURROGATE_MARK`, which validation reports as
-    an unpaired surrogate at its JSON pointer (for submits)."""
-    return _rewriting(app, LONE_SURROGATE_MARK_ESCAPE)
+def strict_json(
+    struct: type[msgspec.Struct], *, surrogates: Literal["mark", "replace"] = "mark"
+) -> Callable[[ASGIApp], ASGIApp]:
+    """Middleware factory: buffer the body (up to the 8 MiB bound), rewrite unpaired-surrogate
+    escapes (`mark` for submits, `replace` with U+FFFD for reports), decode it strictly as
+    `struct` (InvalidInput on a type or bound error), then hand the body to the route.
 
+    Larger bodies pass through untouched, so the framework still answers 413; malformed JSON
+    is a 400 (MalformedRequest), an empty body is left to the route (also 400).
+    """
+    replacement = (LONE_SURROGATE_MARK_ESCAPE if surrogates == "mark" else "\\ufffd").encode()
 
-def _rewriting(app: ASGIApp, replacement: str) -> ASGIApp:
-    """Buffer the request body (up to the 8 MiB body bound), rewrite lone-surrogate escapes
-    to `replacement`, then hand the body on. Larger bodies pass through untouched, so the
-    framework still answers 413 for them."""
-
-    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != ScopeType.HTTP:
-            await app(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                await app(
-                    scope, _replay([*_as_messages(chunks, more=True), message], receive), send
-                )
+    def factory(app: ASGIApp) -> ASGIApp:
+        async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != ScopeType.HTTP:
+                await app(scope, receive, send)
                 return
-            chunk = message.get("body", b"")
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > REQUEST_BODY_MAX_BYTES and message.get("more_body", False):
-                await app(scope, _replay(_as_messages(chunks, more=True), receive), send)
-                return
-            if not message.get("more_body", False):
-                break
-        body = repair_lone_surrogate_escapes(b"".join(chunks), replacement.encode())
-        await app(scope, _replay(_as_messages([body], more=False), receive), send)
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    replay = [*_as_messages(chunks, more=True), message]
+                    await app(scope, _replay(replay, receive), send)
+                    return
+                chunk = message.get("body", b"")
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > REQUEST_BODY_MAX_BYTES and message.get("more_body", False):
+                    await app(scope, _replay(_as_messages(chunks, more=True), receive), send)
+                    return
+                if not message.get("more_body", False):
+                    break
+            body = await _repaired(b"".join(chunks), replacement)
+            if body.strip():
+                try:
+                    msgspec.json.decode(body, type=struct)
+                except msgspec.ValidationError as exc:
+                    raise msgspec_error(str(exc)) from None
+                except msgspec.DecodeError as exc:
+                    raise MalformedRequest(f"the request body is not valid JSON: {exc}") from None
+            await app(scope, _replay(_as_messages([body], more=False), receive), send)
 
-    return middleware
+        return middleware
+
+    return factory
+
+
+async def _repaired(body: bytes, replacement: bytes) -> bytes:
+    if b"\\u" not in body and b"\\U" not in body:
+        return body
+    if len(body) > _THREAD_ABOVE:
+        return await asyncio.to_thread(repair_lone_surrogate_escapes, body, replacement)
+    return repair_lone_surrogate_escapes(body, replacement)
 
 
 def _as_messages(chunks: list[bytes], *, more: bool) -> list[ReceiveMessage]:

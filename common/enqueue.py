@@ -37,6 +37,9 @@ WITH incoming AS (
            statement_timestamp() + make_interval(secs => delay),
            idempotency_key, request_hash, statement_timestamp(), statement_timestamp()
     FROM incoming
+    -- One global order for the unique-index entries: concurrent batches sharing keys then
+    -- wait for each other instead of deadlocking.
+    ORDER BY idempotency_key, id
     -- No conflict target: a collision on the id (a replayed forward) or on the idempotency key
     -- both mean "this job may exist already", which the caller resolves by reading it.
     ON CONFLICT DO NOTHING

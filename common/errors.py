@@ -147,6 +147,20 @@ _BY_SLUG: dict[str, type[JobqError]] = {
 }
 
 
+# For replies without a jobq problem type (a framework's `about:blank`, a proxy's HTML page).
+_BY_STATUS: dict[int, type[JobqError]] = {
+    400: MalformedRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: JobNotFound,
+    413: PayloadTooLarge,
+    422: InvalidInput,
+    502: ServiceUnavailable,
+    503: ServiceUnavailable,
+    504: ServiceUnavailable,
+}
+
+
 def from_problem(body: Any, status: int) -> JobqError:
     """Rebuild the `JobqError` a problem-details body describes.
 
@@ -158,8 +172,9 @@ def from_problem(body: Any, status: int) -> JobqError:
         slug = type_uri.rsplit(":", 1)[-1]
         detail = str(body.get("detail", ""))
         errors = body.get("errors") if isinstance(body.get("errors"), list) else None
-        cls = _BY_SLUG.get(slug)
+        cls = _BY_SLUG.get(slug) or _BY_STATUS.get(status)
         if cls is not None:
             return cls(detail, errors=errors)
         return JobqError(f"HTTP {status}: {detail or body.get('title', '')}")
-    return JobqError(f"HTTP {status}")
+    cls = _BY_STATUS.get(status)
+    return cls() if cls is not None else JobqError(f"HTTP {status}")

@@ -4,11 +4,13 @@ services so validation and OpenAPI agree."""
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
+from litestar import Request
 from litestar.params import QueryParameter
 
 from common.contracts import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, NAME_PATTERN, JobStatus
+from common.errors import InvalidInput
 
 StatusFilter = Annotated[JobStatus | None, QueryParameter(description="Only jobs in this state.")]
 QueueFilter = Annotated[
@@ -28,3 +30,18 @@ Limit = Annotated[
         ge=1, le=LIST_LIMIT_MAX, description=f"Page size (default {LIST_LIMIT_DEFAULT})."
     ),
 ]
+
+LIST_PARAMETERS = frozenset({"status", "queue", "taskType", "cursor", "limit"})
+
+
+def refuse_unknown_parameters(request: Request[Any, Any, Any]) -> None:
+    """Raise InvalidInput for a query parameter `GET /jobs` does not know: a typo such as
+    `task_type` must not silently return an unfiltered list."""
+    unknown = sorted(set(request.query_params) - LIST_PARAMETERS)
+    if unknown:
+        raise InvalidInput(
+            f"unknown query parameter(s): {', '.join(unknown)}",
+            errors=[
+                {"pointer": f"query:{name}", "detail": "unknown parameter"} for name in unknown
+            ],
+        )

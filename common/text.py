@@ -77,8 +77,12 @@ _JSON_SURROGATE_ESCAPES = re.compile(
 )
 
 
-LONE_SURROGATE_MARK = "\U0010fffe"
-"""A noncharacter that stands in for an unpaired surrogate found in a submitted body."""
+LONE_SURROGATE_MARK = "\ufdd0"
+"""A noncharacter that stands in for an unpaired surrogate found in a submitted body; its
+escape has the same length as a surrogate's, so marking never grows a body."""
+
+LONE_SURROGATE_MARK_ESCAPE = "\\ufdd0"
+"""The JSON escape of LONE_SURROGATE_MARK."""
 
 
 def repair_lone_surrogate_escapes(body: bytes, replacement: bytes = b"\\ufffd") -> bytes:

@@ -6,6 +6,8 @@ never reaches PostgreSQL as an error.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 import msgspec
@@ -19,10 +21,13 @@ def _pointer_token(key: object) -> str:
     return str(key).replace("~", "~0").replace("/", "~1")
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _unstorable_text(text: str, pointer: str, what: str) -> tuple[str, str] | None:
     if "\x00" in text:
         return pointer, f"{what} contains a NUL character (\\u0000), which cannot be stored"
-    if LONE_SURROGATE_MARK in text:
+    if LONE_SURROGATE_MARK in text or _SURROGATE.search(text):
         return pointer, f"{what} contains an unpaired surrogate (\\ud800-\\udfff): not Unicode"
     return None
 
@@ -33,6 +38,8 @@ def _first_unstorable(value: Any, pointer: str, depth: int) -> tuple[str, str] |
         return pointer, f"nesting deeper than {PAYLOAD_MAX_DEPTH} levels"
     if isinstance(value, str):
         return _unstorable_text(value, pointer, "text")
+    if isinstance(value, float) and not math.isfinite(value):
+        return pointer, "NaN and Infinity are not JSON numbers"
     if isinstance(value, dict):
         for key, item in value.items():
             child = f"{pointer}/{_pointer_token(key)}"
@@ -54,16 +61,18 @@ def check_payload(payload: dict[str, Any], pointer: str = "/payload") -> None:
     """Raise unless `payload` can be stored exactly as given.
 
     Raises PayloadTooLarge (413) when its JSON exceeds PAYLOAD_MAX_BYTES, and InvalidInput
-    (422) when it nests deeper than PAYLOAD_MAX_DEPTH or holds a NUL character; both carry a
+    (422) when it nests deeper than PAYLOAD_MAX_DEPTH or holds a NUL character, an unpaired
+    surrogate or a non-finite number; both carry a
     JSON pointer to the offending spot.
     """
+    # Unstorable text first: it also makes the size measurement (JSON encoding) possible.
+    found = _first_unstorable(payload, pointer, 1)
+    if found:
+        where, problem = found
+        raise InvalidInput(problem, errors=[{"pointer": where, "detail": problem}])
     size = len(msgspec.json.encode(payload))
     if size > PAYLOAD_MAX_BYTES:
         raise PayloadTooLarge(
             f"payload is {size} bytes; the limit is {PAYLOAD_MAX_BYTES}",
             errors=[{"pointer": pointer, "detail": f"at most {PAYLOAD_MAX_BYTES} bytes"}],
         )
-    found = _first_unstorable(payload, pointer, 1)
-    if found:
-        where, problem = found
-        raise InvalidInput(problem, errors=[{"pointer": where, "detail": problem}])

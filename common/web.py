@@ -23,7 +23,8 @@ from litestar.plugins.prometheus import PrometheusConfig
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from common.errors import InvalidInput, JobqError, MalformedRequest
+from common.contracts import REQUEST_BODY_MAX_BYTES
+from common.errors import InvalidInput, JobqError, MalformedRequest, PayloadTooLarge
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +139,9 @@ def _http_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[A
     if exc.status_code == 400:
         malformed = MalformedRequest(f"the request body could not be read: {exc.detail}")
         return problem_response(malformed, request)
+    if exc.status_code == 413:
+        limit = f"the request body exceeds {REQUEST_BODY_MAX_BYTES} bytes"
+        return problem_response(PayloadTooLarge(limit), request)
     error = _HttpProblem(str(exc.detail))
     body = {
         "type": "about:blank",

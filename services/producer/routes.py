@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import msgspec
-from litestar import Controller, Response, get, post
+from litestar import Controller, Request, Response, get, post
 from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
 from common.access import ADMIN_ONLY
 from common.batch import decode_entries, entry_result, split_valid
-from common.bodies import mark_lone_surrogates
+from common.bodies import strict_json
 from common.contracts import (
     LIST_LIMIT_DEFAULT,
     BatchSubmitRequest,
@@ -27,7 +28,14 @@ from common.contracts import (
 )
 from common.errors import JobqError
 from common.ids import new_job_id
-from common.queries import Cursor, Limit, QueueFilter, StatusFilter, TaskTypeFilter
+from common.queries import (
+    Cursor,
+    Limit,
+    QueueFilter,
+    StatusFilter,
+    TaskTypeFilter,
+    refuse_unknown_parameters,
+)
 from common.validation import check_payload
 from common.web import problems
 from services.producer.client import QueueServiceClient
@@ -42,7 +50,7 @@ class JobController(Controller):
     @post(
         "/",
         status_code=202,
-        middleware=[mark_lone_surrogates],
+        middleware=[strict_json(SubmitJobRequest)],
         summary="Submit a job",
         responses={
             200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
@@ -69,7 +77,7 @@ class JobController(Controller):
         "/batch",
         status_code=200,
         summary="Submit up to 500 jobs",
-        middleware=[mark_lone_surrogates],
+        middleware=[strict_json(BatchSubmitRequest)],
         responses=problems(413, 415),
     )
     async def submit_batch(
@@ -99,6 +107,7 @@ class JobController(Controller):
     async def list_jobs(
         self,
         queue_client: NamedDependency[QueueServiceClient],
+        request: Request[Any, Any, Any],
         status: StatusFilter = None,
         queue: QueueFilter = None,
         task_type: TaskTypeFilter = None,
@@ -107,6 +116,7 @@ class JobController(Controller):
     ) -> JobList:
         """Filter by status (`DEAD_LETTER` lists the dead-letter queue), queue and task type;
         keyset pagination, stable while new jobs arrive."""
+        refuse_unknown_parameters(request)
         params: dict[str, str | int] = {"limit": limit}
         wanted: tuple[tuple[str, object], ...] = (
             ("status", status),
@@ -157,6 +167,7 @@ class JobController(Controller):
 @post(
     "/dead-letter/redrive",
     status_code=200,
+    middleware=[strict_json(RedriveRequest)],
     tags=["dead-letter"],
     summary="Redrive dead-lettered jobs; admin",
     responses=problems(403, 413, 415),

@@ -22,8 +22,9 @@ class ProducerSettings(BaseServiceSettings):
     @field_validator("jobq_api_keys")
     @classmethod
     def _keys(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None:
-            parse_api_keys(value.get_secret_value())
+        if value is not None and not parse_api_keys(value.get_secret_value()):
+            # Set but empty must not silently mean "open": unset it for open access.
+            raise ValueError("lists no key; give role:key entries, or unset it for open access")
         return value
 
     def api_keys(self) -> dict[str, Role]:

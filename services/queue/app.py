@@ -106,6 +106,8 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             max_overflow=0,
             pool_pre_ping=False,
             pool_timeout=10,
+            # Statement parameters hold job payloads: keep them out of logged errors.
+            hide_parameters=True,
             connect_args={
                 "command_timeout": 30,
                 "server_settings": {"application_name": "jobq-queue"},
@@ -183,7 +185,9 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         guards=[token_guard(token.get_secret_value() if token else None)],
         middleware=[prometheus_config("queue").middleware],
         openapi_config=OpenAPIConfig(title="jobq queue service", version="0.1.0", path="/schema"),
-        request_max_body_size=REQUEST_BODY_MAX_BYTES,
+        # Headroom above the public bound for the ids and defaults the producer adds when it
+        # forwards a batch that was just under 8 MiB.
+        request_max_body_size=REQUEST_BODY_MAX_BYTES + 1024 * 1024,
         state=State({"begin_shutdown": begin_shutdown}),
         logging_config=None,
         debug=False,

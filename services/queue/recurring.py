@@ -10,17 +10,22 @@ down fires once, late, when one comes up within it.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from common.contracts import EnqueueRequest, Name, Priority
 from common.errors import JobqError
+from common.validation import check_payload
 from services.queue.service import QueueService
 
 logger = logging.getLogger(__name__)
+
+_CRON_SHAPE = re.compile(r"\S+( \S+){4,5}")
+"""Five or six space-separated fields, nothing else (no tabs, newlines or a seventh field)."""
 
 
 class Schedule(
@@ -40,8 +45,18 @@ class Schedule(
     priority: Priority = 0
 
     def __post_init__(self) -> None:
-        if not croniter.is_valid(self.cron):
-            raise ValueError(f"schedule {self.name!r}: {self.cron!r} is not a cron expression")
+        if not _CRON_SHAPE.fullmatch(self.cron) or not croniter.is_valid(self.cron):
+            raise ValueError(
+                f"schedule {self.name!r}: {self.cron!r} is not a 5- or 6-field cron expression"
+            )
+        try:
+            croniter(self.cron, datetime(2000, 1, 1, tzinfo=UTC)).get_next(datetime)
+        except CroniterBadDateError:
+            raise ValueError(f"schedule {self.name!r}: {self.cron!r} never fires") from None
+        try:
+            check_payload(self.payload)
+        except JobqError as exc:
+            raise ValueError(f"schedule {self.name!r}: payload: {exc.detail}") from None
 
     def bucket(self, now: datetime) -> datetime:
         """The start of the bucket `now` falls in: the latest cron time at or before now."""
@@ -82,33 +97,37 @@ class Recurring:
         by this call (0 when another replica got there first)."""
         created = 0
         for schedule in self._schedules:
-            bucket = schedule.bucket(now)
-            if self._fired.get(schedule.name) == bucket:
-                continue
-            request = EnqueueRequest(
-                task_type=schedule.task_type,
-                queue=schedule.queue,
-                payload=schedule.payload,
-                priority=schedule.priority,
-                idempotency_key=f"{schedule.name}:{bucket.isoformat()}",
-            )
             try:
-                submitted = await self._service.enqueue(request)
-            except JobqError as exc:
+                created += await self._fire_one(schedule, now)
+            except Exception as exc:
+                # One schedule's trouble must not keep the others from firing.
                 logger.warning(
                     "schedule %s could not fire: %s",
                     schedule.name,
                     exc,
                     extra={"event": "schedule_failed", "schedule": schedule.name},
                 )
-                continue
-            self._fired[schedule.name] = bucket
-            if submitted.created:
-                created += 1
-                logger.info(
-                    "schedule %s fired for %s",
-                    schedule.name,
-                    bucket.isoformat(),
-                    extra={"event": "schedule_fired", "job_id": str(submitted.response.job_id)},
-                )
         return created
+
+    async def _fire_one(self, schedule: Schedule, now: datetime) -> int:
+        bucket = schedule.bucket(now)
+        if self._fired.get(schedule.name) == bucket:
+            return 0
+        request = EnqueueRequest(
+            task_type=schedule.task_type,
+            queue=schedule.queue,
+            payload=schedule.payload,
+            priority=schedule.priority,
+            idempotency_key=f"{schedule.name}:{bucket.isoformat()}",
+        )
+        submitted = await self._service.enqueue(request)
+        self._fired[schedule.name] = bucket
+        if not submitted.created:
+            return 0
+        logger.info(
+            "schedule %s fired for %s",
+            schedule.name,
+            bucket.isoformat(),
+            extra={"event": "schedule_fired", "job_id": str(submitted.response.job_id)},
+        )
+        return 1

@@ -7,8 +7,10 @@ PostgreSQL do it safely under concurrency. Driver errors are translated here int
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import random
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -385,6 +387,17 @@ _DEPTH = text(
 )
 
 
+_CONTENTION = {"40P01", "40001"}
+"""deadlock_detected, serialization_failure: the transaction can simply be retried."""
+_CONTENTION_RETRIES = 3
+
+
+def _sqlstate(exc: DBAPIError) -> str | None:
+    original = getattr(exc, "orig", None)
+    code = getattr(original, "sqlstate", None) or getattr(original, "pgcode", None)
+    return str(code) if code else None
+
+
 @contextlib.asynccontextmanager
 async def _translated() -> AsyncIterator[None]:
     """Turn "database unreachable" driver errors into `ServiceUnavailable` (HTTP 503)."""
@@ -427,12 +440,21 @@ class JobRepository:
         jobs). Returns the jobs created; a row whose id or idempotency key exists is skipped."""
         if not rows:
             return []
-        async with self._transaction() as conn:
-            result = await conn.execute(_ENQUEUE, {"rows": encode_rows(rows)})
-            return [
-                Inserted(r["id"], r["queue"], r["task_type"], JobStatus(r["status"]))
-                for r in result.mappings().all()
-            ]
+        for attempt in range(_CONTENTION_RETRIES):
+            try:
+                async with self._transaction() as conn:
+                    result = await conn.execute(_ENQUEUE, {"rows": encode_rows(rows)})
+                    return [
+                        Inserted(r["id"], r["queue"], r["task_type"], JobStatus(r["status"]))
+                        for r in result.mappings().all()
+                    ]
+            except DBAPIError as exc:
+                # The statement orders its rows, so a deadlock needs an outside party; the
+                # loser is rolled back whole and simply tries again.
+                if _sqlstate(exc) not in _CONTENTION or attempt == _CONTENTION_RETRIES - 1:
+                    raise
+                await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+        raise AssertionError("unreachable")
 
     async def insert(self, row: JobRow) -> Inserted | None:
         """Insert one job; None when its id or idempotency key exists."""

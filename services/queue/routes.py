@@ -14,7 +14,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
 from common.batch import decode_entries, entry_result, split_valid
-from common.bodies import mark_lone_surrogates, repair_report_bodies
+from common.bodies import strict_json
 from common.contracts import (
     LIST_LIMIT_DEFAULT,
     AckRequest,
@@ -35,7 +35,14 @@ from common.contracts import (
     SubmitJobResponse,
 )
 from common.errors import JobqError
-from common.queries import Cursor, Limit, QueueFilter, StatusFilter, TaskTypeFilter
+from common.queries import (
+    Cursor,
+    Limit,
+    QueueFilter,
+    StatusFilter,
+    TaskTypeFilter,
+    refuse_unknown_parameters,
+)
 from common.web import problems
 from services.queue.depth import DepthCache, current_depth
 from services.queue.service import QueueService
@@ -50,7 +57,7 @@ class JobController(Controller):
     @post(
         "/",
         status_code=202,
-        middleware=[mark_lone_surrogates],
+        middleware=[strict_json(EnqueueRequest)],
         summary="Create a job (or replay a submit)",
         responses={
             200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
@@ -73,7 +80,7 @@ class JobController(Controller):
         status_code=200,
         summary="Create up to 500 jobs",
         responses=problems(413, 415),
-        middleware=[mark_lone_surrogates],
+        middleware=[strict_json(BatchSubmitRequest)],
     )
     async def submit_batch(
         self, data: JSONBody[BatchSubmitRequest], service: NamedDependency[QueueService]
@@ -94,6 +101,7 @@ class JobController(Controller):
     async def list_jobs(
         self,
         service: NamedDependency[QueueService],
+        request: Request[Any, Any, Any],
         status: StatusFilter = None,
         queue: QueueFilter = None,
         task_type: TaskTypeFilter = None,
@@ -102,6 +110,7 @@ class JobController(Controller):
     ) -> JobList:
         """Filter by status (`DEAD_LETTER` lists the dead-letter queue), queue and task type;
         keyset pagination by id, stable while new jobs arrive."""
+        refuse_unknown_parameters(request)
         return await service.list_jobs(
             status=status, queue=queue, task_type=task_type, cursor=cursor, limit=limit
         )
@@ -116,6 +125,7 @@ class JobController(Controller):
     @post(
         "/next",
         status_code=200,
+        middleware=[strict_json(ClaimRequest)],
         summary="Claim jobs (long poll)",
         responses={
             204: ResponseSpec(None, description="No job arrived within waitSeconds"),
@@ -148,7 +158,7 @@ class JobController(Controller):
     @post(
         "/{job_id:uuid}/ack",
         status_code=200,
-        middleware=[repair_report_bodies],
+        middleware=[strict_json(AckRequest, surrogates="replace")],
         summary="Complete a job",
         responses=problems(404, 409, 413, 415),
     )
@@ -164,7 +174,7 @@ class JobController(Controller):
     @post(
         "/{job_id:uuid}/fail",
         status_code=200,
-        middleware=[repair_report_bodies],
+        middleware=[strict_json(FailRequest, surrogates="replace")],
         summary="Fail an attempt",
         responses=problems(404, 409, 413, 415),
     )
@@ -180,6 +190,7 @@ class JobController(Controller):
     @post(
         "/{job_id:uuid}/heartbeat",
         status_code=200,
+        middleware=[strict_json(HeartbeatRequest)],
         summary="Extend or release a lease",
         responses=problems(404, 409, 413, 415),
     )
@@ -196,7 +207,7 @@ class JobController(Controller):
     @post(
         "/{job_id:uuid}/cancelled",
         status_code=200,
-        middleware=[repair_report_bodies],
+        middleware=[strict_json(CancelledRequest, surrogates="replace")],
         summary="Confirm a cooperative cancel",
         responses=problems(404, 409, 413, 415),
     )
@@ -237,6 +248,7 @@ class JobController(Controller):
 @post(
     "/dead-letter/redrive",
     status_code=200,
+    middleware=[strict_json(RedriveRequest)],
     tags=["dead-letter"],
     summary="Redrive dead-lettered jobs",
     responses=problems(413, 415),

@@ -85,6 +85,7 @@ async def test_queue_service_requires_the_internal_token(
     assert (await queue.post("/jobs/next", json=claim, headers=bearer(TOKEN))).status_code == 204
     assert (await queue.get("/health/ready")).status_code == 200
     assert (await queue.get("/metrics")).status_code == 200
+    assert (await queue.get("/schema/openapi.json")).status_code == 401
 
 
 def test_api_key_specs() -> None:

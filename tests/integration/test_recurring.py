@@ -65,6 +65,10 @@ def test_buckets_and_bad_schedules() -> None:
         '[{"name": "x", "cron": "* * * * *", "taskType": "t", "typo": 1}]',
         '[{"name": "x", "cron": "* * * * *", "taskType": "t"},'
         ' {"name": "x", "cron": "0 * * * *", "taskType": "t"}]',
+        '[{"name": "x", "cron": "0 0 31 2 *", "taskType": "t"}]',
+        '[{"name": "x", "cron": "* * * * * * *", "taskType": "t"}]',
+        '[{"name": "x", "cron": "* * * * *\\n", "taskType": "t"}]',
+        '[{"name": "x", "cron": "* * * * *", "taskType": "t", "payload": {"a": "\\u0000"}}]',
     ):
         with pytest.raises(ValueError):
             parse_schedules(bad)

@@ -221,3 +221,20 @@ async def test_listing_filters_and_bad_parameters(client: httpx.AsyncClient) -> 
         [name] = bad
         assert reply.json()["errors"][0]["pointer"] == f"query:{name}", reply.text
         assert reply.headers["content-type"].startswith("application/problem+json")
+
+
+async def test_concurrent_batches_sharing_keys_never_fail(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    keys = [f"shared-{i}" for i in range(150)]
+
+    def batch(order: list[str]) -> dict[str, Any]:
+        return {"jobs": [{"taskType": "noop", "payload": {}, "idempotencyKey": k} for k in order]}
+
+    orders = [keys, keys[::-1], keys[75:] + keys[:75], keys[::2] + keys[1::2]]
+    replies = await asyncio.gather(*(client.post("/jobs/batch", json=batch(o)) for o in orders))
+
+    assert [r.status_code for r in replies] == [200] * 4
+    statuses = [entry["status"] for r in replies for entry in r.json()["results"]]
+    assert statuses.count(202) == 150 and statuses.count(200) == 450
+    assert await job_count(engine) == 150

@@ -76,6 +76,9 @@ BASE = {"taskType": "noop", "payload": {}}
         ({**BASE, "priority": -1001}, 422, "/priority"),
         ({**BASE, "priority": "high"}, 422, "/priority"),
         ({**BASE, "priority": 1.5}, 422, "/priority"),
+        ({**BASE, "priority": "5"}, 422, "/priority"),
+        ({**BASE, "delaySeconds": "10"}, 422, "/delaySeconds"),
+        ({**BASE, "maxAttempts": True}, 422, "/maxAttempts"),
         ({**BASE, "delaySeconds": -1}, 422, "/delaySeconds"),
         ({**BASE, "delaySeconds": 1_209_601}, 422, "/delaySeconds"),
         ({**BASE, "maxAttempts": 0}, 422, "/maxAttempts"),
@@ -120,17 +123,18 @@ async def test_bad_framing_is_refused_precisely(
 ) -> None:
     json_type = {"content-type": "application/json"}
     assert_problem(await door.post("/jobs", content=b'{"taskType": "x",', headers=json_type), 400)
-    assert_problem(await door.post("/jobs", content=b"[1, NaN]", headers=json_type), 400)
+    not_json = b'{"taskType": "noop", "payload": {}, "delaySeconds": NaN}'
+    assert_problem(await door.post("/jobs", content=not_json, headers=json_type), 400)
     assert_problem(await door.post("/jobs"), 400)
     text = json.dumps(BASE).encode()
     for content_type in ("text/plain", "", "application/x-www-form-urlencoded"):
         plain = await door.post("/jobs", content=text, headers={"content-type": content_type})
         assert_problem(plain, 415)
     for field in ("priority", "delaySeconds", "maxAttempts"):
-        # A number no float or int can hold is unreadable JSON for us: 400, saying why.
-        unreadable = f'{{"taskType":"noop","payload":{{}},"{field}":1e400}}'.encode()
-        reply = await door.post("/jobs", content=unreadable, headers=json_type)
-        assert_problem(reply, 400)
+        # A number no float or int can hold: 422 at the field, saying why.
+        too_large = f'{{"taskType":"noop","payload":{{}},"{field}":1e400}}'.encode()
+        reply = await door.post("/jobs", content=too_large, headers=json_type)
+        assert_problem(reply, 422, f"/{field}")
         assert "out of range" in reply.json()["detail"]
     huge = b'{"taskType":"x","payload":{"s":"' + b"x" * (9 * 1024 * 1024) + b'"}}'
     assert_problem(await door.post("/jobs", content=huge, headers=json_type), 413)
@@ -138,3 +142,19 @@ async def test_bad_framing_is_refused_precisely(
     assert_problem(await door.delete("/jobs"), 405)
     assert_problem(await door.get("/jobs/not-a-uuid"), 404)
     assert await no_jobs(repository)
+
+
+async def test_a_batch_just_under_the_body_limit_is_accepted(
+    door: httpx.AsyncClient, repository: JobRepository
+) -> None:
+    entry = {"taskType": "noop", "payload": {"p": "y" * 16_600}}
+    body = json.dumps({"jobs": [entry] * 500}).encode()
+    assert len(body) < 8 * 1024 * 1024
+
+    reply = await door.post(
+        "/jobs/batch", content=body, headers={"content-type": "application/json"}
+    )
+
+    assert reply.status_code == 200, reply.text[:300]
+    assert {r["status"] for r in reply.json()["results"]} == {202}
+    assert sum(row.count for row in await repository.depth()) == 500

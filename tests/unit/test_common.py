@@ -10,7 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.contracts import SubmitJobRequest
-from common.errors import InvalidInput, JobqError, PayloadTooLarge, StaleReceiptHandle, from_problem
+from common.errors import (
+    InvalidInput,
+    JobqError,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    StaleReceiptHandle,
+    from_problem,
+)
 from common.hashing import request_hash
 from common.ids import new_job_id
 from common.metrics import OTHER, BoundedLabel
@@ -127,7 +134,8 @@ def test_problem_details_round_trip() -> None:
     assert type(rebuilt) is StaleReceiptHandle and rebuilt.detail == error.detail
     unknown = from_problem({"type": "about:blank", "title": "Teapot"}, 418)
     assert type(unknown) is JobqError and "418" in str(unknown)
-    assert type(from_problem("not json", 502)) is JobqError
+    assert type(from_problem("not json", 502)) is ServiceUnavailable
+    assert type(from_problem({"type": "about:blank"}, 413)) is PayloadTooLarge
 
 
 def test_msgspec_paths_become_json_pointers() -> None:
@@ -177,3 +185,15 @@ def test_payload_depth_counts_containers() -> None:
         cursor = cursor["d"]  # type: ignore[assignment]
     cursor["leaf"] = "scalar"
     check_payload(exactly)  # 32 nested objects with a scalar leaf are allowed
+
+
+def test_client_side_validation_matches_the_producer() -> None:
+    from jobq.request import build_request
+
+    for payload, pointer in (({"a": "x\ud800"}, "/payload/a"), ({"n": float("nan")}, "/payload/n")):
+        with pytest.raises(InvalidInput) as refused:
+            build_request("noop", payload)
+        assert refused.value.errors[0]["pointer"] == pointer
+    with pytest.raises(InvalidInput) as wrong_type:
+        build_request("noop", {}, priority="5")  # type: ignore[arg-type]
+    assert wrong_type.value.errors[0]["pointer"] == "/priority"

@@ -66,3 +66,14 @@ def test_load_settings_names_the_variable_and_exits_2(
         load_settings(QueueSettings)
     assert exited.value.code == 2
     assert "QUEUE_REAPER_INTERVAL: '5x' is not a duration" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("blank", ["", " ", ","])
+def test_api_keys_set_but_empty_refuse_to_start(
+    monkeypatch: pytest.MonkeyPatch, blank: str
+) -> None:
+    from services.producer.settings import ProducerSettings
+
+    monkeypatch.setenv("JOBQ_API_KEYS", blank)
+    with pytest.raises(ValidationError, match="jobq_api_keys"):
+        ProducerSettings()
