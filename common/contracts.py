@@ -247,6 +247,33 @@ class AckRequest(_Wire):
     result: Any = None
 
 
+class AckEntry(_Wire):
+    """One ack of a batch: the job, its receipt handle and an optional result."""
+
+    id: uuid.UUID
+    receipt_handle: uuid.UUID
+    result: Any = None
+
+
+class BatchAckRequest(_Wire):
+    """`POST /jobs/ack`: complete up to 100 jobs in one statement (distinct ids)."""
+
+    entries: Annotated[list[AckEntry], Meta(min_length=1, max_length=CLAIM_MAX)]
+
+
+class AckResult(_Wire):
+    """One batch-ack outcome: 200 completed (or a replay), 404 unknown job, 409 stale handle."""
+
+    id: uuid.UUID
+    status: int
+
+
+class BatchAckResponse(_Wire):
+    """`POST /jobs/ack` reply, in request order."""
+
+    results: list[AckResult]
+
+
 class FailRequest(_Wire):
     """`POST /jobs/{id}/fail`: the attempt failed; retry with backoff or dead-letter."""
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 from sqlalchemy import bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -46,10 +46,10 @@ LEASE_CAP_HOURS = 12
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """Outcome of an ack/fail: the job as it is now, and whether *this* call changed it."""
+    """A settle this call applied: the job as it is now, and (for an ack) seconds from
+    submit to completion."""
 
     view: JobView
-    applied: bool
     end_to_end_seconds: float | None = None
 
 
@@ -181,6 +181,30 @@ def _append_error(entry: str) -> str:
         f"THEN job.errors - 0 ELSE job.errors END) || jsonb_build_array({entry})"
     )
 
+
+_ACK_MANY = text(
+    f"""
+    WITH entries AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:entries AS jsonb))
+            AS e(id uuid, receipt_handle uuid, result jsonb)
+    )
+    UPDATE job SET status = 'COMPLETED',
+                   result = entries.result,
+                   locked_by = NULL,
+                   finished_at = statement_timestamp(),
+                   updated_at = statement_timestamp()
+    FROM entries
+    -- Each entry is fenced by its own receipt handle, exactly like a single ack.
+    WHERE job.id = entries.id AND job.lease_id = entries.receipt_handle
+      AND job.status = 'PROCESSING'
+    RETURNING {_RETURNING_JOB},
+              EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end
+    """
+)
+
+_LEASES = text("SELECT id, lease_id, status FROM job WHERE id = ANY(:ids)").bindparams(
+    bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))
+)
 
 # A worker's failure report. A cancel requested meanwhile wins over a retry; `retry_after`
 # (the processor's own wish) wins over the backoff.
@@ -527,7 +551,26 @@ class JobRepository:
             )
         if row is None:
             return None
-        return Settled(_to_view(row), applied=True, end_to_end_seconds=row["end_to_end"])
+        return Settled(_to_view(row), end_to_end_seconds=row["end_to_end"])
+
+    async def ack_many(self, entries: list[dict[str, Any]]) -> list[Settled]:
+        """Complete every entry (`{"id", "receipt_handle", "result"}`) whose handle is current,
+        in one statement; returns the jobs this call completed."""
+        async with self._transaction() as conn:
+            rows = (
+                (await conn.execute(_ACK_MANY, {"entries": msgspec.json.encode(entries).decode()}))
+                .mappings()
+                .all()
+            )
+        return [Settled(_to_view(row), end_to_end_seconds=row["end_to_end"]) for row in rows]
+
+    async def leases(
+        self, ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, tuple[uuid.UUID | None, JobStatus]]:
+        """{id: (current receipt handle, status)} for the jobs among `ids` that exist."""
+        async with self._transaction() as conn:
+            rows = (await conn.execute(_LEASES, {"ids": list(ids)})).all()
+        return {row.id: (row.lease_id, JobStatus(row.status)) for row in rows}
 
     async def fail(
         self,
@@ -565,7 +608,7 @@ class JobRepository:
                 .mappings()
                 .first()
             )
-        return None if row is None else Settled(_to_view(row), applied=True)
+        return None if row is None else Settled(_to_view(row))
 
     async def reap_expired(self, batch: int = 500) -> list[Reaped]:
         """Return up to `batch` expired leases to PENDING, or DEAD_LETTER when out of attempts."""
@@ -633,7 +676,7 @@ class JobRepository:
                 .mappings()
                 .first()
             )
-        return None if row is None else Settled(_to_view(row), applied=True)
+        return None if row is None else Settled(_to_view(row))
 
     async def retry(self, job_id: uuid.UUID) -> JobView | None:
         """Make a DEAD_LETTER or CANCELLED job PENDING again with attempts and releases reset;

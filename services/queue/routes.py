@@ -18,6 +18,8 @@ from common.bodies import strict_json
 from common.contracts import (
     LIST_LIMIT_DEFAULT,
     AckRequest,
+    BatchAckRequest,
+    BatchAckResponse,
     BatchSubmitRequest,
     BatchSubmitResponse,
     CancelledRequest,
@@ -96,6 +98,20 @@ class JobController(Controller):
             else:
                 results.append(entry_result(index, (outcome.response, outcome.created)))
         return BatchSubmitResponse(results=sorted(results, key=lambda r: r.index))
+
+    @post(
+        "/ack",
+        status_code=200,
+        summary="Complete many jobs",
+        middleware=[strict_json(BatchAckRequest, surrogates="replace")],
+        responses=problems(413, 415),
+    )
+    async def ack_many(
+        self, data: JSONBody[BatchAckRequest], service: NamedDependency[QueueService]
+    ) -> BatchAckResponse:
+        """Complete up to 100 jobs in one statement, each fenced by its receipt handle; one
+        result per entry (200, 404 or 409), in request order."""
+        return await service.ack_many(data)
 
     @get("/", summary="List jobs (newest first)", responses=problems())
     async def list_jobs(

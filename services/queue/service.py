@@ -19,6 +19,9 @@ from common.contracts import (
     REDRIVE_BATCH,
     RESULT_MAX_BYTES,
     AckRequest,
+    AckResult,
+    BatchAckRequest,
+    BatchAckResponse,
     CancelledRequest,
     ClaimRequest,
     EnqueueRequest,
@@ -34,6 +37,7 @@ from common.contracts import (
 from common.enqueue import JobRow, job_row
 from common.errors import (
     IdempotencyConflict,
+    InvalidInput,
     InvalidState,
     JobNotFound,
     JobqError,
@@ -254,6 +258,45 @@ class QueueService:
             return await self._replay_or_stale(job_id, request.receipt_handle)
         self._record(settled)
         return settled.view
+
+    async def ack_many(self, request: BatchAckRequest) -> BatchAckResponse:
+        """Complete many jobs in one statement, each fenced by its own receipt handle.
+
+        Per entry: 200 when completed now or already settled with that handle (a replay), 404
+        for an unknown job, 409 for a stale handle. Raises InvalidInput for repeated ids.
+        """
+        ids = [entry.id for entry in request.entries]
+        if len(set(ids)) != len(ids):
+            raise InvalidInput(
+                "each job may appear once per batch",
+                errors=[{"pointer": "/entries", "detail": "repeated id"}],
+            )
+        rows = [
+            {
+                "id": str(entry.id),
+                "receipt_handle": str(entry.receipt_handle),
+                "result": sanitize_result(entry.result, RESULT_MAX_BYTES),
+            }
+            for entry in request.entries
+        ]
+        settled_now = await self.repository.ack_many(rows)
+        for settled in settled_now:
+            self._record(settled)
+        completed = {settled.view.id for settled in settled_now}
+        rest = [entry for entry in request.entries if entry.id not in completed]
+        leases = await self.repository.leases([entry.id for entry in rest]) if rest else {}
+        results = []
+        for entry in request.entries:
+            if entry.id in completed:
+                status = 200
+            elif entry.id not in leases:
+                status = 404
+            else:
+                handle, job_status = leases[entry.id]
+                replay = handle == entry.receipt_handle and job_status is not JobStatus.PROCESSING
+                status = 200 if replay else 409
+            results.append(AckResult(id=entry.id, status=status))
+        return BatchAckResponse(results=results)
 
     async def fail(self, job_id: uuid.UUID, request: FailRequest) -> JobView:
         """Record a failed attempt: SCHEDULED with jittered backoff, or DEAD_LETTER.

@@ -377,3 +377,25 @@ async def test_retention_deletes_only_old_finished_jobs(
     async with engine.connect() as conn:
         left = (await conn.execute(text("SELECT status, count(*) FROM job GROUP BY status"))).all()
     assert dict(left) == {"COMPLETED": 1, "DEAD_LETTER": 1, "PENDING": 1}  # type: ignore[arg-type]
+
+
+async def test_batch_ack_fences_each_entry(client: httpx.AsyncClient) -> None:
+    ids = [await submit(client) for _ in range(3)]
+    reply = await client.post("/jobs/next", json={"worker": "w", "queues": ["default"], "max": 3})
+    handles = {job["id"]: job["receiptHandle"] for job in reply.json()["jobs"]}
+    entries = [
+        {"id": ids[0], "receiptHandle": handles[ids[0]], "result": {"n": 0}},
+        {"id": ids[1], "receiptHandle": str(uuid.uuid4())},
+        {"id": str(uuid.uuid4()), "receiptHandle": str(uuid.uuid4())},
+        {"id": ids[2], "receiptHandle": handles[ids[2]]},
+    ]
+
+    first = await client.post("/jobs/ack", json={"entries": entries})
+    replay = await client.post("/jobs/ack", json={"entries": entries})
+
+    assert [r["status"] for r in first.json()["results"]] == [200, 409, 404, 200]
+    assert [r["status"] for r in replay.json()["results"]] == [200, 409, 404, 200]
+    assert (await client.get(f"/jobs/{ids[0]}")).json()["result"] == {"n": 0}
+    assert (await client.get(f"/jobs/{ids[1]}")).json()["status"] == "PROCESSING"
+    repeated = await client.post("/jobs/ack", json={"entries": [entries[0], entries[0]]})
+    assert repeated.status_code == 422
