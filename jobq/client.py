@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import httpx
 import msgspec
@@ -21,7 +21,7 @@ from common.contracts import (
     SubmitJobResponse,
 )
 from common.errors import JobqError, ServiceUnavailable, from_problem
-from jobq.request import build_request
+from jobq.request import SubmitOptions, build_request
 
 T = TypeVar("T")
 
@@ -68,29 +68,11 @@ class Client:
         self._http.close()
 
     def submit(
-        self,
-        task_type: str,
-        payload: dict[str, Any],
-        *,
-        queue: str = "default",
-        priority: int = 0,
-        delay_seconds: float = 0,
-        max_attempts: int | None = None,
-        timeout_seconds: int | None = None,
-        idempotency_key: str | None = None,
+        self, task_type: str, payload: dict[str, Any], **options: Unpack[SubmitOptions]
     ) -> SubmitJobResponse:
         """Submit one job; a replay (same idempotency key and request) returns the same job.
         Bad input raises InvalidInput/PayloadTooLarge before anything is sent."""
-        request = build_request(
-            task_type,
-            payload,
-            queue=queue,
-            priority=priority,
-            delay_seconds=delay_seconds,
-            max_attempts=max_attempts,
-            timeout_seconds=timeout_seconds,
-            idempotency_key=idempotency_key,
-        )
+        request = build_request(task_type, payload, **options)
         return self._call("POST", "/jobs", SubmitJobResponse, request)
 
     def submit_batch(self, requests: list[SubmitJobRequest]) -> BatchSubmitResponse:

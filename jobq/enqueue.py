@@ -11,7 +11,7 @@ on a serialization failure, as for any other write.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 from common.contracts import JobStatus, SubmitJobResponse
 from common.enqueue import (
@@ -25,7 +25,7 @@ from common.enqueue import (
 )
 from common.errors import IdempotencyConflict, JobqError
 from common.ids import new_job_id
-from jobq.request import build_request
+from jobq.request import SubmitOptions, build_request
 
 DEFAULT_MAX_ATTEMPTS = 5
 """Used when `max_attempts` is omitted (the queue service's `QUEUE_MAX_ATTEMPTS` default)."""
@@ -36,31 +36,19 @@ async def enqueue(
     task_type: str,
     payload: dict[str, Any],
     *,
-    queue: str = "default",
-    priority: int = 0,
-    delay_seconds: float = 0,
-    max_attempts: int | None = None,
-    timeout_seconds: int | None = None,
-    idempotency_key: str | None = None,
     default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    **options: Unpack[SubmitOptions],
 ) -> SubmitJobResponse:
     """Insert one job through `connection` (an `asyncpg.Connection` or a SQLAlchemy
-    `AsyncConnection`), inside whatever transaction it has open.
+    `AsyncConnection`), inside whatever transaction it has open. `options` are those of
+    `Client.submit` (queue, priority, delay_seconds, max_attempts, timeout_seconds,
+    idempotency_key).
 
     Returns `{jobId, status}`; with an idempotency key used before by the same request, the
     existing job (a replay). Raises InvalidInput/PayloadTooLarge for input the producer would
     refuse, IdempotencyConflict when the key belongs to a different request.
     """
-    request = build_request(
-        task_type,
-        payload,
-        queue=queue,
-        priority=priority,
-        delay_seconds=delay_seconds,
-        max_attempts=max_attempts,
-        timeout_seconds=timeout_seconds,
-        idempotency_key=idempotency_key,
-    )
+    request = build_request(task_type, payload, **options)
     row = job_row(request, new_job_id(), default_max_attempts)
     inserted = await _insert(connection, row)
     if inserted is not None:

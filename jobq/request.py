@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import msgspec
 
@@ -12,16 +12,31 @@ from common.validation import check_payload
 from common.web import msgspec_error
 
 
+class SubmitOptions(TypedDict, total=False):
+    """Optional submit fields: `queue` ("default"), `priority` (0; higher first),
+    `delay_seconds` (0), `max_attempts` (server default), `timeout_seconds` (processor or
+    worker default) and `idempotency_key`."""
+
+    queue: str
+    priority: int
+    delay_seconds: float
+    max_attempts: int | None
+    timeout_seconds: int | None
+    idempotency_key: str | None
+
+
+_CAMEL = {
+    "queue": "queue",
+    "priority": "priority",
+    "delay_seconds": "delaySeconds",
+    "max_attempts": "maxAttempts",
+    "timeout_seconds": "timeoutSeconds",
+    "idempotency_key": "idempotencyKey",
+}
+
+
 def build_request(
-    task_type: str,
-    payload: dict[str, Any],
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    delay_seconds: float = 0,
-    max_attempts: int | None = None,
-    timeout_seconds: int | None = None,
-    idempotency_key: str | None = None,
+    task_type: str, payload: dict[str, Any], **options: Unpack[SubmitOptions]
 ) -> SubmitJobRequest:
     """The request, checked against every bound of DESIGN.md §5.
 
@@ -30,12 +45,7 @@ def build_request(
     fields = {
         "taskType": task_type,
         "payload": payload,
-        "queue": queue,
-        "priority": priority,
-        "delaySeconds": delay_seconds,
-        "maxAttempts": max_attempts,
-        "timeoutSeconds": timeout_seconds,
-        "idempotencyKey": idempotency_key,
+        **{_CAMEL[name]: value for name, value in options.items()},
     }
     try:
         request = msgspec.convert(fields, SubmitJobRequest)
