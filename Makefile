@@ -69,7 +69,7 @@ format: install ## Apply ruff fixes and formatting
 	$(BIN)/ruff format .
 
 .PHONY: typecheck
-typecheck: install ## mypy (strict) over common, services, infra, benchmark
+typecheck: install ## mypy (strict) over common, services, jobq, infra, benchmark
 	$(BIN)/mypy
 
 .PHONY: boundaries
