@@ -29,6 +29,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from benchmark.plot import latency_histogram
 from infra.servers import ensure_database, ensure_postgres, ensure_redis
 from infra.stack import ROOT, LocalStack
 
@@ -126,7 +127,12 @@ async def run(jobs: int, rate: float, workers: int) -> dict[str, Any]:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"latency-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
+    latency_histogram(
+        post_to_completed,
+        f"POST→COMPLETED, {jobs} noop jobs, {workers} workers, {rate:g}/s",
+        path.with_suffix(".svg"),
+    )
+    print(f"wrote {path.relative_to(ROOT)} and its .svg histogram", file=sys.stderr)
     return result
 
 
