@@ -94,11 +94,6 @@ class Worker:
         self._backoff = 0.0
         self._connected = False
 
-    @property
-    def active(self) -> int:
-        """Jobs running now."""
-        return len(self._running)
-
     async def run(self, shutdown: asyncio.Event) -> None:
         """Claim and run jobs until `shutdown` is set, then give running jobs up to
         `worker_shutdown_grace` seconds to finish and release the rest (SQS: visibility 0),
