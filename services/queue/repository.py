@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import bindparam, text
+from sqlalchemy import Executable, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -454,6 +454,16 @@ class JobRepository:
         async with _translated(), self._engine.begin() as conn:
             yield conn
 
+    async def _first(self, statement: Executable, params: dict[str, Any]) -> RowMapping | None:
+        """Run one statement in its own transaction; its first row, if any."""
+        async with self._transaction() as conn:
+            return (await conn.execute(statement, params)).mappings().first()
+
+    async def _rows(self, statement: Executable, params: dict[str, Any]) -> Sequence[RowMapping]:
+        """Run one statement in its own transaction; all its rows."""
+        async with self._transaction() as conn:
+            return (await conn.execute(statement, params)).mappings().all()
+
     async def ping(self) -> None:
         """Run `SELECT 1`; raises ServiceUnavailable when the database does not answer."""
         async with self._transaction() as conn:
@@ -498,8 +508,7 @@ class JobRepository:
 
     async def get(self, job_id: uuid.UUID) -> tuple[JobView, uuid.UUID | None] | None:
         """The job and its current receipt handle (lease id), or None."""
-        async with self._transaction() as conn:
-            row = (await conn.execute(_GET, {"id": job_id})).mappings().first()
+        row = await self._first(_GET, {"id": job_id})
         return None if row is None else (_to_view(row), row["lease_id"])
 
     async def claim(
@@ -543,12 +552,7 @@ class JobRepository:
 
     async def ack(self, job_id: uuid.UUID, lease_id: uuid.UUID, result: Any) -> Settled | None:
         """Complete the job if `lease_id` is its current lease; None when nothing changed."""
-        async with self._transaction() as conn:
-            row = (
-                (await conn.execute(_ACK, {"id": job_id, "lease_id": lease_id, "result": result}))
-                .mappings()
-                .first()
-            )
+        row = await self._first(_ACK, {"id": job_id, "lease_id": lease_id, "result": result})
         if row is None:
             return None
         return Settled(_to_view(row), end_to_end_seconds=row["end_to_end"])
@@ -556,12 +560,7 @@ class JobRepository:
     async def ack_many(self, entries: list[dict[str, Any]]) -> list[Settled]:
         """Complete every entry (`{"id", "receipt_handle", "result"}`) whose handle is current,
         in one statement; returns the jobs this call completed."""
-        async with self._transaction() as conn:
-            rows = (
-                (await conn.execute(_ACK_MANY, {"entries": msgspec.json.encode(entries).decode()}))
-                .mappings()
-                .all()
-            )
+        rows = await self._rows(_ACK_MANY, {"entries": msgspec.json.encode(entries).decode()})
         return [Settled(_to_view(row), end_to_end_seconds=row["end_to_end"]) for row in rows]
 
     async def leases(
@@ -587,37 +586,23 @@ class JobRepository:
     ) -> Settled | None:
         """Record a failed attempt if `lease_id` is current: SCHEDULED after a jittered backoff
         (seconds), or DEAD_LETTER when not retryable or out of attempts. None when stale."""
-        async with self._transaction() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        _FAIL,
-                        {
-                            "id": job_id,
-                            "lease_id": lease_id,
-                            "error": error,
-                            "retryable": retryable,
-                            "retry_after": retry_after,
-                            "jitter": jitter,
-                            "base_delay": base_delay,
-                            "multiplier": multiplier,
-                            "max_delay": max_delay,
-                        },
-                    )
-                )
-                .mappings()
-                .first()
-            )
+        params = {
+            "id": job_id,
+            "lease_id": lease_id,
+            "error": error,
+            "retryable": retryable,
+            "retry_after": retry_after,
+            "jitter": jitter,
+            "base_delay": base_delay,
+            "multiplier": multiplier,
+            "max_delay": max_delay,
+        }
+        row = await self._first(_FAIL, params)
         return None if row is None else Settled(_to_view(row))
 
     async def reap_expired(self, batch: int = 500) -> list[Reaped]:
         """Return up to `batch` expired leases to PENDING, or DEAD_LETTER when out of attempts."""
-        async with self._transaction() as conn:
-            rows = (
-                (await conn.execute(_REAP, {"batch": batch, "history": ERRORS_HISTORY_MAX}))
-                .mappings()
-                .all()
-            )
+        rows = await self._rows(_REAP, {"batch": batch, "history": ERRORS_HISTORY_MAX})
         return [Reaped(r["id"], r["queue"], r["task_type"], JobStatus(r["status"])) for r in rows]
 
     async def promote_due(self, batch: int = 500) -> dict[str, int]:
@@ -664,18 +649,12 @@ class JobRepository:
     async def cancel(self, job_id: uuid.UUID) -> JobView | None:
         """Cancel a waiting job, or ask a running one to stop; None when the job is finished
         or unknown."""
-        async with self._transaction() as conn:
-            row = (await conn.execute(_CANCEL, {"id": job_id})).mappings().first()
+        row = await self._first(_CANCEL, {"id": job_id})
         return None if row is None else _to_view(row)
 
     async def confirm_cancelled(self, job_id: uuid.UUID, lease_id: uuid.UUID) -> Settled | None:
         """A worker stopped the job after a cancel request; None when `lease_id` is stale."""
-        async with self._transaction() as conn:
-            row = (
-                (await conn.execute(_CONFIRM_CANCELLED, {"id": job_id, "lease_id": lease_id}))
-                .mappings()
-                .first()
-            )
+        row = await self._first(_CONFIRM_CANCELLED, {"id": job_id, "lease_id": lease_id})
         return None if row is None else Settled(_to_view(row))
 
     async def retry(self, job_id: uuid.UUID) -> JobView | None:
@@ -743,8 +722,7 @@ class JobRepository:
 
     async def depth(self) -> list[DepthRow]:
         """Counts of live and dead-lettered jobs per (queue, status)."""
-        async with self._transaction() as conn:
-            rows = (await conn.execute(_DEPTH)).mappings().all()
+        rows = await self._rows(_DEPTH, {})
         return [
             DepthRow(r["queue"], JobStatus(r["status"]), r["count"], r["oldest_age"]) for r in rows
         ]
