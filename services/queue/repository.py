@@ -734,3 +734,48 @@ class JobRepository:
                 await conn.execute(text("SELECT statement_timestamp()"))
             ).scalar_one()
         return value
+
+    async def fire_schedule(
+        self, name: str, cron: str, bucket: datetime, row: JobRow
+    ) -> Inserted | None:
+        """Fire recurring schedule `name` for the cron bucket starting at `bucket`: move its
+        `last_bucket` forward and insert `row`, in one transaction. Returns the job created,
+        or None when the bucket was not after the schedule's last one (another replica or an
+        earlier run fired it; a lagging clock never fires an older bucket) or when the row's
+        idempotency key already had a job."""
+        async with self._transaction() as conn:
+            advanced = (
+                await conn.execute(
+                    _ADVANCE_SCHEDULE,
+                    {"name": name, "cron": cron, "bucket": bucket, "job_id": row.id},
+                )
+            ).first()
+            if advanced is None:
+                return None
+            result = await conn.execute(_ENQUEUE, {"rows": encode_rows([row])})
+            created = result.mappings().first()
+            if created is None:
+                await conn.execute(_FORGET_SCHEDULE_JOB, {"name": name})
+                return None
+        return Inserted(
+            created["id"], created["queue"], created["task_type"], JobStatus(created["status"])
+        )
+
+
+# Upsert the schedule's state, but only forward: on a concurrent fire the second replica waits
+# for the first's row lock, then sees its committed bucket and updates nothing.
+_ADVANCE_SCHEDULE = text(
+    """
+    INSERT INTO schedule (name, cron, last_bucket, last_job_id, fired_at)
+    VALUES (:name, :cron, :bucket, :job_id, statement_timestamp())
+    ON CONFLICT (name) DO UPDATE
+        SET cron = EXCLUDED.cron, last_bucket = EXCLUDED.last_bucket,
+            last_job_id = EXCLUDED.last_job_id, fired_at = EXCLUDED.fired_at
+        WHERE schedule.last_bucket < EXCLUDED.last_bucket
+    RETURNING name
+    """
+)
+
+# The bucket's job existed already (created under its idempotency key before the schedule table
+# did): the bucket counts as fired, but no job of this call backs it.
+_FORGET_SCHEDULE_JOB = text("UPDATE schedule SET last_job_id = NULL WHERE name = :name")

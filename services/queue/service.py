@@ -12,6 +12,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from common.contracts import (
@@ -34,7 +35,7 @@ from common.contracts import (
     JobView,
     SubmitJobResponse,
 )
-from common.enqueue import JobRow, job_row
+from common.enqueue import Inserted, JobRow, job_row
 from common.errors import (
     IdempotencyConflict,
     InvalidInput,
@@ -430,6 +431,23 @@ class QueueService:
             f"receipt handle {handle} is not the latest for job {job_id}: the lease was lost "
             "and the job was handed out again or settled"
         )
+
+    async def enqueue_scheduled(
+        self, name: str, cron: str, bucket: datetime, request: EnqueueRequest
+    ) -> Inserted | None:
+        """Create the job of recurring schedule `name` for the cron bucket starting at `bucket`,
+        unless that bucket or a later one was fired already (by any replica, at any time: the
+        schedule's state is in PostgreSQL). Returns the job created, or None.
+
+        Raises PayloadTooLarge/InvalidInput for a payload that cannot be stored.
+        """
+        check_payload(request.payload)
+        row = job_row(request, new_job_id(), self._settings.queue_max_attempts)
+        created = await self.repository.fire_schedule(name, cron, bucket, row)
+        if created is not None:
+            queue = self._metrics.queue_label(created.queue)
+            self._metrics.enqueued.labels(queue, self._metrics.task_label(created.task_type)).inc()
+        return created
 
     def _record(self, settled: Settled) -> None:
         view = settled.view
