@@ -133,7 +133,16 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         dsn = settings.database_url.replace("postgresql+asyncpg://", "postgresql://")
         try:
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(listen_forever(dsn, hub, shutdown))
+                tasks.create_task(
+                    listen_forever(
+                        dsn,
+                        hub,
+                        shutdown,
+                        probe_interval=settings.queue_listen_probe_interval,
+                        probe_timeout=settings.queue_listen_probe_timeout,
+                        reconnected=lambda reason: metrics.listener_reconnects.labels(reason).inc(),
+                    )
+                )
                 tasks.create_task(
                     every("reaper", settings.queue_reaper_interval, reaper.sweep, shutdown)
                 )

@@ -69,6 +69,14 @@ class QueueMetrics:
             registry=registry,
         )
 
+        self.listener_reconnects = Counter(
+            "jobq_listener_reconnects",
+            "LISTEN connections replaced, by why the previous one ended "
+            "(silent: its probe did not come back; closed; error: connecting or LISTEN failed).",
+            ["reason"],
+            registry=registry,
+        )
+
     def observe_depth(self, rows: list[DepthRow]) -> None:
         """Publish a fresh depth snapshot; queues that emptied report 0, not a stale value."""
         seen: set[tuple[str, str]] = set()

@@ -46,6 +46,8 @@ class QueueSettings(BaseServiceSettings):
     queue_internal_token: Token | None = None
     queue_schedules: str = "[]"
     queue_schedule_interval: Duration = 1.0
+    queue_listen_probe_interval: Duration = 5.0
+    queue_listen_probe_timeout: Duration = 2.0
 
     @field_validator("queue_schedules")
     @classmethod
@@ -68,6 +70,8 @@ class QueueSettings(BaseServiceSettings):
         "queue_poll_interval",
         "queue_retention_interval",
         "queue_schedule_interval",
+        "queue_listen_probe_interval",
+        "queue_listen_probe_timeout",
     )
     @classmethod
     def _positive_interval(cls, value: float) -> float:
