@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -283,12 +283,19 @@ class FailRequest(_Wire):
     retry_after_seconds: RetryAfterSeconds | None = None
 
 
+ReleaseReason = Literal["shutdown"]
+"""Why a worker releases a job (recorded in its `errors` as `released: <reason>`; a release
+without one records `released: requested`)."""
+
+
 class HeartbeatRequest(_Wire):
     """`POST /jobs/{id}/heartbeat` (SQS ChangeMessageVisibility): extend the lease to
-    `visibility_timeout` seconds from now; 0 releases the job."""
+    `visibility_timeout` seconds from now; 0 releases the job, optionally saying why
+    (`reason`, only with 0)."""
 
     receipt_handle: uuid.UUID
     visibility_timeout: HeartbeatVisibilityTimeout
+    reason: ReleaseReason | None = None
 
 
 class HeartbeatResponse(_Wire):
@@ -323,6 +330,11 @@ class RedriveResponse(_Wire):
     moved: int
 
 
+DepthSource = Literal["redis", "postgres"]
+"""Where depth figures came from: the Redis cache (refreshed every QUEUE_DEPTH_INTERVAL) or a
+count in PostgreSQL made for this request."""
+
+
 class QueueDepth(_Wire):
     """Per-queue counts of `GET /queues` (approximate when served from the Redis cache)."""
 
@@ -332,11 +344,15 @@ class QueueDepth(_Wire):
     processing: int
     dead_letter: int
     oldest_pending_age_seconds: float
-    source: str
+    source: DepthSource
     refreshed_at: datetime
 
 
 class QueuesResponse(_Wire):
-    """`GET /queues` reply."""
+    """`GET /queues` reply: counts per queue, and where and when they were taken (`source`,
+    `refreshedAt`), stated even when there are no queues. Each entry repeats both, as the
+    reply did before they were added at the top."""
 
     queues: list[QueueDepth]
+    source: DepthSource
+    refreshed_at: datetime

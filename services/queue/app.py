@@ -110,7 +110,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             hide_parameters=True,
             connect_args={
                 "command_timeout": 30,
-                "server_settings": {"application_name": "jobq-queue"},
+                "server_settings": {"application_name": "jobq-queue", **settings.session_limits()},
             },
         )
         redis_client = (

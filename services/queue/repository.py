@@ -309,6 +309,13 @@ _HEARTBEAT = text(
         last_error = CASE WHEN decided.next_status = 'DEAD_LETTER'
                           THEN 'released too often: more than 3 x maxAttempts releases'
                           ELSE job.last_error END,
+        -- A release says why in the job's history (not in last_error: it is no failure).
+        errors = CASE WHEN :visibility_timeout = 0 THEN {
+        _append_error(
+            "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(),"
+            " 'error', 'released: ' || CAST(:reason AS text))"
+        )
+    } ELSE job.errors END,
         updated_at = statement_timestamp()
     FROM decided WHERE job.id = decided.id
     RETURNING job.queue, job.task_type, job.status, job.visible_at, job.cancel_requested
@@ -615,10 +622,15 @@ class JobRepository:
         return dict(counts)
 
     async def heartbeat(
-        self, job_id: uuid.UUID, lease_id: uuid.UUID, visibility_timeout: int
+        self,
+        job_id: uuid.UUID,
+        lease_id: uuid.UUID,
+        visibility_timeout: int,
+        reason: str = "requested",
     ) -> Extended | None:
         """Extend the lease to `visibility_timeout` seconds from now (capped at 12 h after the
-        claim), or release the job when it is 0. None when `lease_id` is not current."""
+        claim), or release the job when it is 0, recording `released: <reason>` in its errors.
+        None when `lease_id` is not current."""
         async with self._transaction() as conn:
             row = (
                 (
@@ -628,6 +640,7 @@ class JobRepository:
                             "id": job_id,
                             "lease_id": lease_id,
                             "visibility_timeout": visibility_timeout,
+                            "reason": reason,
                         },
                     )
                 )
@@ -761,6 +774,18 @@ class JobRepository:
             created["id"], created["queue"], created["task_type"], JobStatus(created["status"])
         )
 
+    async def health(self) -> DatabaseHealth:
+        """The oldest open transaction's age, the `job` table's live and dead tuples and the
+        time since its last vacuum, in one cheap statement over PostgreSQL's statistics views."""
+        row = await self._first(_HEALTH, {})
+        assert row is not None
+        return DatabaseHealth(
+            row["oldest_transaction_age"],
+            row["live_tuples"],
+            row["dead_tuples"],
+            row["last_vacuum_age"],
+        )
+
 
 # Upsert the schedule's state, but only forward: on a concurrent fire the second replica waits
 # for the first's row lock, then sees its committed bucket and updates nothing.
@@ -779,3 +804,45 @@ _ADVANCE_SCHEDULE = text(
 # The bucket's job existed already (created under its idempotency key before the schedule table
 # did): the bucket counts as fired, but no job of this call backs it.
 _FORGET_SCHEDULE_JOB = text("UPDATE schedule SET last_job_id = NULL WHERE name = :name")
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseHealth:
+    """What holds back or needs vacuum (read by `JobRepository.health`).
+
+    `oldest_transaction_age_seconds`: age of the oldest open transaction in this database that
+    holds a snapshot or a transaction id (0 when none), i.e. how far back the xmin horizon is
+    pinned. `live_tuples`/`dead_tuples`: of the `job` table, from the statistics collector.
+    `last_vacuum_age_seconds`: since the latest VACUUM or autovacuum of `job`, None before the
+    first.
+    """
+
+    oldest_transaction_age_seconds: float
+    live_tuples: int
+    dead_tuples: int
+    last_vacuum_age_seconds: float | None
+
+
+# One cheap statement (catalog views, no table scan). Only client sessions of this database
+# count: PostgreSQL computes the horizon for this database's tables from them (and prepared
+# transactions); this session's own short statement is left out. Other roles' sessions show
+# their times only to a superuser or a member of pg_read_all_stats.
+_HEALTH = text(
+    """
+    SELECT GREATEST(
+               (SELECT EXTRACT(EPOCH FROM max(clock_timestamp() - xact_start))
+                FROM pg_stat_activity
+                WHERE datname = current_database() AND pid <> pg_backend_pid()
+                  AND backend_type = 'client backend'
+                  AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)),
+               (SELECT EXTRACT(EPOCH FROM max(clock_timestamp() - prepared))
+                FROM pg_prepared_xacts WHERE database = current_database()),
+               0)::float8 AS oldest_transaction_age,
+           COALESCE(s.n_live_tup, 0) AS live_tuples,
+           COALESCE(s.n_dead_tup, 0) AS dead_tuples,
+           EXTRACT(EPOCH FROM clock_timestamp() - GREATEST(s.last_vacuum, s.last_autovacuum)
+           )::float8 AS last_vacuum_age
+    FROM (SELECT 1) AS one
+    LEFT JOIN pg_stat_user_tables AS s ON s.relid = 'job'::regclass
+    """
+)

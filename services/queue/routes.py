@@ -281,8 +281,9 @@ async def redrive(
 async def queues(
     service: NamedDependency[QueueService], depth_cache: NamedDependency[DepthCache]
 ) -> QueuesResponse:
-    """Per-queue counts (from the Redis cache when fresh, else PostgreSQL; see `source`)."""
-    return QueuesResponse(queues=await current_depth(service.repository, depth_cache))
+    """Per-queue counts (from the Redis cache when fresh, else PostgreSQL), with `source` and
+    `refreshedAt` saying which and when."""
+    return await current_depth(service.repository, depth_cache)
 
 
 __all__ = ["JobController", "queues", "redrive"]

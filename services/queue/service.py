@@ -327,12 +327,20 @@ class QueueService:
 
         Raises JobNotFound, or StaleReceiptHandle when the lease was lost.
         """
+        if request.reason is not None and request.visibility_timeout != 0:
+            raise InvalidInput(
+                "a reason is only given with a release (visibilityTimeout 0)",
+                errors=[{"pointer": "/reason", "detail": "only with visibilityTimeout 0"}],
+            )
+        reason = request.reason or "requested"
         extended = await self.repository.heartbeat(
-            job_id, request.receipt_handle, request.visibility_timeout
+            job_id, request.receipt_handle, request.visibility_timeout, reason
         )
         if extended is None:
             await self._raise_stale(job_id, request.receipt_handle)
         assert extended is not None
+        if request.visibility_timeout == 0:
+            self._metrics.released.labels(self._metrics.queue_label(extended.queue), reason).inc()
         if extended.status is not JobStatus.PROCESSING:
             queue = self._metrics.queue_label(extended.queue)
             task = self._metrics.task_label(extended.task_type)
@@ -354,7 +362,10 @@ class QueueService:
     async def release_all(self, jobs: list[JobMessage]) -> None:
         """Release jobs claimed for a client that went away before receiving them."""
         for job in jobs:
-            await self.repository.heartbeat(job.id, job.receipt_handle, 0)
+            released = await self.repository.heartbeat(job.id, job.receipt_handle, 0, "client_gone")
+            if released is not None:
+                queue = self._metrics.queue_label(released.queue)
+                self._metrics.released.labels(queue, "client_gone").inc()
 
     async def cancel(self, job_id: uuid.UUID) -> JobView:
         """Cancel a PENDING/SCHEDULED job at once; ask a PROCESSING one to stop (its worker

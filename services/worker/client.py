@@ -17,6 +17,7 @@ from common.contracts import (
     HeartbeatResponse,
     JobMessage,
     JobView,
+    ReleaseReason,
 )
 from common.http import call, decode
 
@@ -78,11 +79,16 @@ class QueueClient:
         return decode(await call(self._http, "POST", f"/jobs/{job_id}/fail", body), JobView)
 
     async def heartbeat(
-        self, job_id: uuid.UUID, receipt_handle: uuid.UUID, visibility_timeout: int
+        self,
+        job_id: uuid.UUID,
+        receipt_handle: uuid.UUID,
+        visibility_timeout: int,
+        reason: ReleaseReason | None = None,
     ) -> HeartbeatResponse:
-        """Extend the lease to `visibility_timeout` seconds from now; 0 releases the job."""
+        """Extend the lease to `visibility_timeout` seconds from now; 0 releases the job
+        (`reason` says why, recorded in the job's errors)."""
         body = HeartbeatRequest(
-            receipt_handle=receipt_handle, visibility_timeout=visibility_timeout
+            receipt_handle=receipt_handle, visibility_timeout=visibility_timeout, reason=reason
         )
         response = await call(self._http, "POST", f"/jobs/{job_id}/heartbeat", body)
         return decode(response, HeartbeatResponse)

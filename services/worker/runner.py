@@ -275,7 +275,7 @@ class Worker:
             case Stop.SHUTDOWN:
                 # One try only: the process is exiting, and an unreleased lease just expires.
                 try:
-                    await self._client.heartbeat(job.id, job.receipt_handle, 0)
+                    await self._client.heartbeat(job.id, job.receipt_handle, 0, "shutdown")
                 except JobqError as exc:
                     logger.warning("could not release at shutdown: %s", exc, extra=extra)
                     return
