@@ -48,7 +48,8 @@ class QueueMetrics:
         )
         self.claim_duration = Histogram(
             "jobq_claim_duration_seconds",
-            "Time of one claim statement.",
+            "Time of one claim statement (pool checkout, statement, commit); a long poll "
+            "observes each of its re-checks, never its wait.",
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
