@@ -1,6 +1,7 @@
-"""The queue service's periodic work: reaper, scheduler and depth refresh.
+"""The queue service's periodic work: reaper, scheduler, retention and depth (with database
+health) refresh.
 
-Every replica runs all three; each statement is safe to run concurrently (SKIP LOCKED), so
+Every replica runs them all; each statement is safe to run concurrently (SKIP LOCKED), so
 replicas share the work without electing a leader.
 """
 
@@ -114,7 +115,9 @@ class Retention:
 async def refresh_depth(
     repository: JobRepository, cache: DepthCache, metrics: QueueMetrics
 ) -> None:
-    """Read depth from PostgreSQL, publish it as gauges and cache it in Redis."""
+    """Read depth from PostgreSQL, publish it as gauges and cache it in Redis; then read the
+    database's health (one cheap statement) and publish it too."""
     rows = await repository.depth()
     metrics.observe_depth(rows)
     await cache.store(rows)
+    metrics.observe_health(await repository.health())

@@ -316,6 +316,7 @@ class JobController(Controller):
             id=job_id,
             receipt_handle=data.receipt_handle,
             visibility_timeout=data.visibility_timeout,
+            reason=data.reason,
         )
         result = await service.heartbeat(entry)
         assert result.job_status is not None and result.visible_at is not None
@@ -387,8 +388,9 @@ async def redrive(
 async def queues(
     service: NamedDependency[QueueService], depth_cache: NamedDependency[DepthCache]
 ) -> QueuesResponse:
-    """Per-queue counts (from the Redis cache when fresh, else PostgreSQL; see `source`)."""
-    return QueuesResponse(queues=await current_depth(service.repository, depth_cache))
+    """Per-queue counts (from the Redis cache when fresh, else PostgreSQL), with `source` and
+    `refreshedAt` saying which and when."""
+    return await current_depth(service.repository, depth_cache)
 
 
 __all__ = ["JobController", "queues", "redrive"]

@@ -334,7 +334,10 @@ class Worker:
             case Stop.SHUTDOWN:
                 # One try only: the process is exiting, and an unreleased lease just expires.
                 release = HeartbeatEntry(
-                    id=job.id, receipt_handle=job.receipt_handle, visibility_timeout=0
+                    id=job.id,
+                    receipt_handle=job.receipt_handle,
+                    visibility_timeout=0,
+                    reason="shutdown",
                 )
                 try:
                     await self._settler.heartbeat(release)
