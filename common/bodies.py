@@ -5,7 +5,7 @@
   a mismatch is a 422 with a JSON pointer.
 - **Unpaired surrogates.** Escapes like `"\\ud800"` are valid JSON but not valid Unicode, so the
   decoder would reject the whole body with an unhelpful message. Workers' reports get them
-  replaced (DESIGN.md §5: a report is always recordable); submits get them marked, so
+  replaced (docs/architecture.md#bounds: a report is always recordable); submits get them marked, so
   validation names the exact field.
 """
 

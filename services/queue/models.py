@@ -1,4 +1,4 @@
-"""The `job` table of DESIGN.md §3, with its named partial indexes.
+"""The `job` table of docs/architecture.md#storage, with its named partial indexes.
 
 This module is the schema's source of truth; every change ships as an alembic revision, and a
 test runs `alembic check` to prove the migrations and this module agree.

@@ -1,7 +1,7 @@
 """The worker loop: claim as many jobs as there are free slots, run them, settle each.
 
 One long poll at a time asks for exactly the number of free slots, so a claimed job never waits
-in memory while its lease runs down (the seed's "claim only what you can run" rule). While a job
+in memory while its lease runs down (the rule of docs/architecture.md#worker). While a job
 runs, a heartbeat extends its lease at half the visibility timeout (worker's monotonic clock);
 the heartbeat's reply also carries cancel requests.
 """
