@@ -9,6 +9,7 @@ carries the virtualenv, or a wheel that installs the development tooling fails h
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -186,9 +187,16 @@ def test_build_context_holds_only_what_the_images_copy() -> None:
 
 
 def test_wheel_installs_only_the_service_packages(tmp_path: Path) -> None:
-    # The development lock pins setuptools, so this builds offline and exactly as `make install`.
+    # Built from a copy of every Python tree (pyproject.toml decides what goes in), so no build/
+    # lands in the checkout; the development lock pins setuptools, so it builds offline.
+    source = tmp_path / "source"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("common", "services", "jobq", "infra", "benchmark", "tests"):
+        shutil.copytree(ROOT / name, source / name, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
          "--quiet", "--wheel-dir", str(tmp_path)],
         check=True, capture_output=True,
     )  # fmt: skip
