@@ -84,7 +84,7 @@ Payload = Annotated[
 
 
 class JobStatus(enum.StrEnum):
-    """Lifecycle states of docs/architecture.md#job-states."""
+    """A job's lifecycle state (docs/architecture.md#job-states)."""
 
     SCHEDULED = "SCHEDULED"
     PENDING = "PENDING"
