@@ -167,6 +167,19 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
+def _throwaway(
+    start: Callable[[Path], str], state_dir: Path | None, what: str, port: int, hint: str
+) -> str:
+    """`start(state_dir)`; when it fails, ServerUnavailable naming what was tried and `hint`."""
+    try:
+        return start(_state_dir(state_dir))
+    except (_StartFailed, OSError) as exc:
+        raise ServerUnavailable(
+            f"{what} not found: nothing usable on {LOCAL_HOST}:{port} and no throwaway server "
+            f"({exc}); {hint}"
+        ) from exc
+
+
 def _wait(probe: Callable[[], str | None], what: str, log: str) -> None:
     """Poll `probe` (None = answers) until it answers or `START_TIMEOUT_S` pass."""
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -316,13 +329,9 @@ def ensure_postgres(state_dir: Path | None = None) -> str:
             return base
         reasons.append(f"as {user}: {reason}")
     _progress(f"postgres: none on {LOCAL_HOST}:{DEFAULT_PG_PORT} ({'; '.join(reasons)})")
-    try:
-        return _start_throwaway_postgres(_state_dir(state_dir))
-    except (_StartFailed, OSError) as exc:
-        raise ServerUnavailable(
-            f"PostgreSQL not found: nothing usable on {LOCAL_HOST}:{DEFAULT_PG_PORT} and no "
-            f"throwaway server ({exc}); {PG_INSTALL_HINT}"
-        ) from exc
+    return _throwaway(
+        _start_throwaway_postgres, state_dir, "PostgreSQL", DEFAULT_PG_PORT, PG_INSTALL_HINT
+    )
 
 
 async def _create_database(base_url: str, name: str) -> bool:
@@ -473,13 +482,9 @@ def ensure_redis(state_dir: Path | None = None) -> str:
         _progress(f"redis: using the server on {LOCAL_HOST}:{DEFAULT_REDIS_PORT}")
         return default
     _progress(f"redis: none on {LOCAL_HOST}:{DEFAULT_REDIS_PORT} ({reason})")
-    try:
-        return _start_throwaway_redis(_state_dir(state_dir))
-    except (_StartFailed, OSError) as exc:
-        raise ServerUnavailable(
-            f"Redis not found: nothing on {LOCAL_HOST}:{DEFAULT_REDIS_PORT} and no throwaway "
-            f"server ({exc}); {REDIS_INSTALL_HINT}"
-        ) from exc
+    return _throwaway(
+        _start_throwaway_redis, state_dir, "Redis", DEFAULT_REDIS_PORT, REDIS_INSTALL_HINT
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import redis
 from infra import servers
 from infra.servers import ServerUnavailable, ensure_database, ensure_postgres, ensure_redis
 from infra.stack import free_port
+from tests.conftest import _admin
 
 
 @pytest.fixture
@@ -256,15 +257,7 @@ def test_ensure_database_creates_once(postgres_base: str) -> None:
         assert ensure_database(postgres_base, name) == f"{postgres_base}/{name}"  # exists: fine
         assert servers._pg_probe(postgres_base, name) is None
     finally:
-        servers._run_async(lambda: _drop(postgres_base, name))
-
-
-async def _drop(base: str, name: str) -> None:
-    connection = await asyncpg.connect(f"{base}/postgres")
-    try:
-        await connection.execute(f'DROP DATABASE IF EXISTS "{name}"')
-    finally:
-        await connection.close()
+        servers._run_async(lambda: _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}"'))
 
 
 @pytest.mark.parametrize("name", ["", "x" * 64])
@@ -337,7 +330,7 @@ def test_env_prints_urls_for_the_shell(
         assert lines == [f"DATABASE_URL={postgres_base}/{name}", f"REDIS_URL={redis_url}"]
         assert servers._pg_probe(postgres_base, name) is None
     finally:
-        servers._run_async(lambda: _drop(postgres_base, name))
+        servers._run_async(lambda: _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}"'))
 
 
 def test_env_without_servers_exits_2_with_the_hint(
