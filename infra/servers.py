@@ -252,7 +252,7 @@ def _start_throwaway_postgres(state_dir: Path) -> str:
     The cluster `CLUSTER_NAME` is created on first use with trust authentication for the
     superuser `postgres`, UTF-8, manual start and durability off (`fsync`,
     `synchronous_commit`, `full_page_writes`), so a machine crash may lose it: keep nothing
-    there you care about. Its data is `<state_dir>/postgres/<version>`, its log
+    there you care about. Its data is `<state_dir>/postgresql/<version>`, its log
     `<state_dir>/postgres.log`; `pg_createcluster` picks the first free port from 5432 on. As
     root the cluster belongs to the `postgres` OS user (postgresql-common runs it as that user);
     otherwise to you, with its socket in the state directory. Raises `_StartFailed`.
@@ -273,7 +273,7 @@ def _start_throwaway_postgres(state_dir: Path) -> str:
             )
             _run(
                 ["pg_createcluster", version, CLUSTER_NAME, *owner,
-                 "--datadir", str(state_dir / "postgres" / version), "--logfile", str(log),
+                 "--datadir", str(state_dir / "postgresql" / version), "--logfile", str(log),
                  "--start-conf=manual", "--encoding=UTF8", "--locale=C",
                  "-o", "fsync=off", "-o", "synchronous_commit=off", "-o", "full_page_writes=off",
                  "--start", "--", "--auth=trust", f"--username={PG_SUPERUSER}"],

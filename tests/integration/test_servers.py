@@ -174,7 +174,7 @@ def test_a_throwaway_cluster_is_created_with_postgresql_common(
         assert flag in create
     for setting in ("fsync=off", "synchronous_commit=off", "full_page_writes=off"):
         assert create[create.index(setting) - 1] == "-o"
-    assert create[create.index("--datadir") + 1] == str(isolated / "postgres" / "16")
+    assert create[create.index("--datadir") + 1] == str(isolated / "postgresql" / "16")
     # Root hands the cluster to the postgres OS user; anyone else owns it, socket included.
     if os.geteuid() == 0:
         assert create[create.index("--user") + 1] == "postgres"
