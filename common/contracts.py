@@ -1,4 +1,4 @@
-"""Wire contracts (msgspec Structs, camelCase JSON) and every bound of DESIGN.md §5.
+"""Wire contracts (msgspec Structs, camelCase JSON) and every bound of docs/architecture.md#bounds.
 
 The bounds are defined once here and flow into request validation, the OpenAPI documents and
 the client library. Structs that arrive over HTTP forbid unknown fields, so a typo such as
@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-# --- bounds (DESIGN.md §5) -------------------------------------------------------------------
+# --- bounds (docs/architecture.md#bounds) ---------------------------------------------------
 
 # `(?!\n)` keeps Python's `$` from matching before a trailing newline ("default\n"); in
 # ECMA-262 regexes (OpenAPI, JSON Schema) it is a no-op.
@@ -84,7 +84,7 @@ Payload = Annotated[
 
 
 class JobStatus(enum.StrEnum):
-    """Lifecycle states of DESIGN.md §2."""
+    """A job's lifecycle state (docs/architecture.md#job-states)."""
 
     SCHEDULED = "SCHEDULED"
     PENDING = "PENDING"

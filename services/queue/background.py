@@ -85,7 +85,7 @@ class Scheduler:
 
 
 class Retention:
-    """Deletes finished jobs past their retention, in small batches (DESIGN.md §3):
+    """Deletes finished jobs past their retention in small batches (docs/architecture.md#retention):
     COMPLETED/CANCELLED after `retention` seconds, DEAD_LETTER after `dead_letter_retention`.
     Each batch is its own short transaction, so retention never holds back vacuum."""
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the queue service (DESIGN.md §6), on a registry owned by the app."""
+"""Prometheus metrics of the queue service (docs/architecture.md#metrics), on the app's registry."""
 
 from __future__ import annotations
 

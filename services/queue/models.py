@@ -1,5 +1,5 @@
-"""The `job` table of DESIGN.md §3, with its named partial indexes, and the `schedule` table
-that remembers which cron bucket each recurring schedule last fired.
+"""The `job` table (docs/architecture.md#storage) with its named partial indexes, and the
+`schedule` table that remembers which cron bucket each recurring schedule last fired.
 
 This module is the schema's source of truth; every change ships as an alembic revision, and a
 test runs `alembic check` to prove the migrations and this module agree.

@@ -1,4 +1,4 @@
-"""Queue service settings (environment variables of DESIGN.md §5)."""
+"""Queue service settings (docs/architecture.md#configuration)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ soon as its processor returns; the job's report then travels in a batch with the
 other jobs that finished meanwhile (`Settler`), and the job is done when the queue service
 answered for it. One heartbeat loop extends the leases of running jobs at half their visibility
 timeout (worker's monotonic clock), in batches too; its replies carry cancel requests.
-See docs/architecture.md#workers.
+See docs/architecture.md#worker.
 """
 
 from __future__ import annotations

@@ -32,3 +32,22 @@ def test_worker_stop_grace_covers_its_drain_budget() -> None:
     assert "ports" not in worker, "host ports would break --scale"
     grace = int(worker["stop_grace_period"].rstrip("s"))
     assert grace > 25, "must exceed WORKER_SHUTDOWN_GRACE (25 s) plus releasing jobs"
+
+
+def test_compose_builds_the_runtime_image_and_the_sink_apart() -> None:
+    compose = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
+    dockerfile = (ROOT / "infra" / "Dockerfile").read_text()
+    targets = {
+        name: service["build"]["target"]
+        for name, service in compose["services"].items()
+        if "build" in service
+    }
+    assert targets == {
+        "migrate": "runtime",
+        "queue": "runtime",
+        "producer": "runtime",
+        "worker": "runtime",
+        "smtp": "smtp-sink",
+    }
+    for target in set(targets.values()):
+        assert f" AS {target}\n" in dockerfile, f"infra/Dockerfile has no stage {target}"
