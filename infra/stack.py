@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,10 @@ class LocalStack:
     `/health/ready` answers 200 (raising RuntimeError with the logs if one dies or times out);
     `stop()` sends SIGTERM and escalates to SIGKILL after `grace` seconds. Logs go to
     `logs/<name>.log`; mail the sink receives is appended to `logs/mailbox.jsonl`.
+
+    `producer_enabled=False` and `smtp_enabled=False` leave those processes out (a benchmark that drives the
+    queue service alone); `start(workers=k)` starts only the first k replicas, and
+    `start_workers()` the rest later (ports for all `workers` are reserved up front).
     """
 
     database_url: str
@@ -46,7 +51,10 @@ class LocalStack:
     workers: int = 1
     environment: dict[str, str] = field(default_factory=dict)
     grace: float = 15.0
+    producer_enabled: bool = True
+    smtp_enabled: bool = True
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    stopped: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.queue_port, self.producer_port, self.smtp_port = free_port(), free_port(), free_port()
@@ -93,6 +101,7 @@ class LocalStack:
 
     def _launch(self, name: str, args: list[str], env: dict[str, str]) -> None:
         log = (self.logs / f"{name}.log").open("ab")
+        self.stopped.discard(name)
         self.processes[name] = subprocess.Popen(
             [sys.executable, "-m", *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
         )
@@ -109,29 +118,42 @@ class LocalStack:
         self._launch(name, ["services.worker"], env)
         return name
 
-    async def start(self) -> None:
-        """Launch every process and wait until all are ready."""
+    async def start(self, workers: int | None = None) -> None:
+        """Launch every process (or the first `workers` replicas) and wait until all are ready."""
         env = self._env()
-        self._launch("smtp", ["infra.smtp_sink", "--mailbox", str(self.mailbox)], env)
+        if self.smtp_enabled:
+            self._launch("smtp", ["infra.smtp_sink", "--mailbox", str(self.mailbox)], env)
         self._launch("queue", ["services.queue"], env)
-        self._launch("producer", ["services.producer"], env)
-        for index in range(self.workers):
-            self.start_worker(index)
+        if self.producer_enabled:
+            self._launch("producer", ["services.producer"], env)
         try:
             await self.wait_ready(f"{self.queue}/health/ready")
-            await self.wait_ready(f"{self.producer}/health/ready")
-            for port in self.metrics_ports:
-                await self.wait_ready(f"http://127.0.0.1:{port}/health/ready")
+            if self.producer_enabled:
+                await self.wait_ready(f"{self.producer}/health/ready")
+            await self.start_workers(range(self.workers if workers is None else workers))
         except RuntimeError:
             self.stop()
             raise
+
+    async def start_workers(self, indexes: Iterable[int], **extra: str) -> list[str]:
+        """Start the worker replicas `indexes` (0-based) at once and wait until each is ready;
+        returns their process names. RuntimeError as for `start()`."""
+        names = [self.start_worker(index, **extra) for index in indexes]
+        for name in names:
+            port = self.metrics_ports[int(name.removeprefix("worker")) - 1]
+            await self.wait_ready(f"http://127.0.0.1:{port}/health/ready")
+        return names
 
     async def wait_ready(self, url: str, within: float = 30.0) -> None:
         """Poll `url` until it answers 200; RuntimeError if a process died or time ran out."""
         deadline = time.monotonic() + within
         async with httpx.AsyncClient(timeout=2) as client:
             while True:
-                dead = {n: p.returncode for n, p in self.processes.items() if p.poll() is not None}
+                dead = {
+                    n: p.returncode
+                    for n, p in self.processes.items()
+                    if n not in self.stopped and p.poll() is not None
+                }
                 if dead:
                     raise RuntimeError(f"process exited early: {dead}\n{self.log_tail()}")
                 try:
@@ -144,8 +166,10 @@ class LocalStack:
                 await asyncio.sleep(0.1)
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM) -> int:
-        """Send `sig` to one process and wait for it (SIGKILL after `grace`); its exit code."""
+        """Send `sig` to one process and wait for it (SIGKILL after `grace`); its exit code.
+        A process stopped this way no longer counts as "died early" for `wait_ready`."""
         process = self.processes[name]
+        self.stopped.add(name)
         if process.poll() is None:
             process.send_signal(sig)
             try:

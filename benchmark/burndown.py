@@ -1,0 +1,173 @@
+"""Burn-down: N pre-inserted jobs drained by the project's own worker processes.
+
+The jobs are inserted with the shared enqueue statement, then `VACUUM ANALYZE job`; the queue
+service runs alone, then K worker replicas with S slots (`WORKER_CONCURRENCY`) start at once.
+The window is read from the database: the first `claimed_at` to the last `finished_at`. CPU per
+job counts from the moment every replica is ready (the jobs completed before then are left out
+of the division). Every job must end COMPLETED with one attempt.
+
+The `kill -9` variant runs `sleep` jobs (so the run lasts long enough to kill a worker in the
+middle of it) with a short lease and a fast reaper, SIGKILLs one replica once a third of the
+jobs are done, and checks that every job still ends COMPLETED exactly once in the database
+(attempts may be 2 for the jobs the killed worker held).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from benchmark import database
+from benchmark.context import Context, stack_pids
+from benchmark.processes import cpu_per_job_us
+from benchmark.progress import Progress
+from infra.stack import LocalStack
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Worker replicas × slots per replica."""
+
+    replicas: int
+    slots: int
+
+    @property
+    def label(self) -> str:
+        """`<replicas>x<slots>`, the key results use."""
+        return f"{self.replicas}x{self.slots}"
+
+
+async def wait_completed(
+    connection: asyncpg.Connection,
+    expected: int,
+    progress: Progress,
+    label: str,
+    within: float,
+    stack: LocalStack | None = None,
+) -> None:
+    """Poll until `expected` jobs are COMPLETED (twice a second, with a progress line).
+    RuntimeError with the stack's logs when time runs out or a process of the stack died."""
+    deadline = time.monotonic() + within
+    while True:
+        done = await database.completed_count(connection)
+        progress.tick(f"{label}: {done:,}/{expected:,} completed")
+        if done >= expected:
+            return
+        if stack is not None:
+            dead = [
+                n for n, p in stack.processes.items() if n not in stack.stopped and p.poll()
+            ]
+            if dead:
+                raise RuntimeError(f"{label}: {dead} exited\n{stack.log_tail()}")
+        if time.monotonic() > deadline:
+            logs = stack.log_tail() if stack is not None else ""
+            raise RuntimeError(f"{label}: {done}/{expected} completed within {within}s\n{logs}")
+        await asyncio.sleep(0.25)
+
+
+async def prepare_backlog(
+    connection: asyncpg.Connection,
+    jobs: int,
+    task_type: str = "noop",
+    payload: dict[str, Any] | None = None,
+) -> None:
+    """Empty the job table, insert `jobs` jobs, VACUUM ANALYZE."""
+    await connection.execute("TRUNCATE job")
+    await database.insert_jobs(connection, jobs, task_type, payload)
+    await connection.execute("VACUUM ANALYZE job")
+
+
+async def burn_once(
+    ctx: Context,
+    stack: LocalStack,
+    connection: asyncpg.Connection,
+    shape: Shape,
+    jobs: int,
+    within: float,
+) -> dict[str, Any]:
+    """One burn-down of `jobs` noop jobs by `shape` on a running queue-service-only `stack`
+    (its workers are started here and stopped after). Returns `{shape, jobs, seconds,
+    jobs_per_s, cpu_us_per_job, usage, verified}`."""
+    label = f"burn-down {shape.label}"
+    await prepare_backlog(connection, jobs)
+    indexes = range(shape.replicas)
+    await stack.start_workers(indexes, WORKER_CONCURRENCY=str(shape.slots))
+    own = frozenset({connection.get_server_pid()})
+    meter = ctx.meter(stack_pids(stack, "queue", "workers"), stack.database_url, own).start()
+    before = await database.completed_count(connection)
+    try:
+        await wait_completed(connection, jobs, ctx.progress, label, within, stack)
+    finally:
+        usage = meter.stop()
+        for index in indexes:
+            stack.stop_process(f"worker{index + 1}")
+    seconds = await database.burn_window(connection)
+    verified = database.verify(await database.outcome(connection), jobs)
+    result = {
+        "shape": shape.label,
+        "replicas": shape.replicas,
+        "slots": shape.slots,
+        "jobs": jobs,
+        "seconds": round(seconds, 3),
+        "jobs_per_s": round(jobs / seconds, 1) if seconds > 0 else 0.0,
+        "cpu_us_per_job": cpu_per_job_us(usage, jobs - before),
+        "usage": usage,
+        "verified": verified,
+    }
+    ctx.progress.note(
+        f"{label}: {result['jobs_per_s']:,} jobs/s, "
+        f"{result['cpu_us_per_job'].get('total', 0):,} µs CPU/job, ok={verified['ok']}"
+    )
+    return result
+
+
+async def kill_run(ctx: Context, jobs: int, sleep_ms: int, within: float) -> dict[str, Any]:
+    """The `kill -9` variant on its own stack (2 replicas, default slots, 3 s lease, 200 ms
+    reaper). Returns `{jobs, killed, killed_at_completed, seconds, by_attempts, verified}`;
+    `verified.ok` is False if a job was lost, left unfinished or ran more than twice."""
+    url = await ctx.database("kill")
+    stack = ctx.stack(
+        "kill",
+        url,
+        workers=2,
+        environment={"WORKER_VISIBILITY_TIMEOUT": "3", "QUEUE_REAPER_INTERVAL": "200ms"},
+    )
+    connection = await asyncpg.connect(url)
+    try:
+        await prepare_backlog(connection, jobs, "sleep", {"ms": sleep_ms})
+        await stack.start(workers=0)
+        await stack.start_workers(range(2))
+        deadline = time.monotonic() + within
+        done = 0
+        while done < jobs // 3:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"kill run: {done}/{jobs} completed\n{stack.log_tail()}")
+            await asyncio.sleep(0.02)
+            done = await database.completed_count(connection)
+        stack.stop_process("worker1", signal.SIGKILL)
+        ctx.progress.note(f"kill -9 worker1 at {done:,}/{jobs:,} completed")
+        await wait_completed(
+            connection, jobs, ctx.progress, "after kill -9", within, stack
+        )
+        # The reaper and the late acks have settled; read the final state.
+        outcome = await database.outcome(connection)
+        seconds = await database.burn_window(connection)
+    finally:
+        await connection.close()
+        stack.stop()
+    verified = database.verify(outcome, jobs, max_attempts=2)
+    return {
+        "jobs": jobs,
+        "task": f"sleep {sleep_ms} ms",
+        "killed": "worker1",
+        "killed_at_completed": done,
+        "seconds": round(seconds, 3),
+        "by_attempts": outcome["by_attempts"],
+        "by_status": outcome["by_status"],
+        "verified": verified,
+    }

@@ -1,0 +1,160 @@
+"""Databases for the benchmarks: fresh ones migrated by alembic, pre-inserted jobs, and the
+checks and figures read back from the `job` table.
+
+Every benchmark database is named `jobq_bench_<what>` on the server `infra.servers` finds, and is
+made from one migrated template per suite run, so a fresh database costs a file copy, not a
+migration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from typing import Any
+
+import asyncpg
+
+from common.contracts import SubmitJobRequest
+from common.enqueue import ENQUEUE_ASYNCPG, JobRow, encode_rows, job_row
+from common.ids import new_job_id
+from infra.stack import ROOT
+
+TEMPLATE = "jobq_bench_template"
+DEFAULT_MAX_ATTEMPTS = 5
+"""`QUEUE_MAX_ATTEMPTS`'s default, stored on pre-inserted jobs."""
+INSERT_BATCH = 5_000
+"""Jobs per enqueue statement when pre-inserting a backlog."""
+
+
+async def admin_execute(base_url: str, *statements: str) -> None:
+    """Run `statements` on the server's `postgres` database (CREATE/DROP DATABASE)."""
+    connection = await asyncpg.connect(f"{base_url}/postgres")
+    try:
+        for statement in statements:
+            await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+async def drop_database(base_url: str, name: str) -> None:
+    """Drop `name` if it exists, disconnecting its sessions."""
+    await admin_execute(base_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def make_template(base_url: str) -> None:
+    """(Re)create the migrated template database (`alembic upgrade head`, as production does).
+    Raises subprocess.CalledProcessError with alembic's output when the migration fails."""
+    await drop_database(base_url, TEMPLATE)
+    await admin_execute(base_url, f'CREATE DATABASE "{TEMPLATE}"')
+    subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "head"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": f"{base_url}/{TEMPLATE}"},
+        check=True,
+        capture_output=True,
+    )
+
+
+async def fresh_database(base_url: str, name: str, migrated: bool = True) -> str:
+    """A new, empty database `name` (dropped first if it exists): a copy of the migrated
+    template, or a bare one for a peer (`migrated=False`). Returns its URL."""
+    await drop_database(base_url, name)
+    template = f' TEMPLATE "{TEMPLATE}"' if migrated else ""
+    await admin_execute(base_url, f'CREATE DATABASE "{name}"{template}')
+    return f"{base_url}/{name}"
+
+
+def job_rows(
+    count: int,
+    task_type: str = "noop",
+    payload: dict[str, Any] | None = None,
+    queue: str = "default",
+    delay: float = 0.0,
+) -> list[JobRow]:
+    """`count` jobs as the queue service makes them from `{"taskType", "payload"}` (same id
+    kind, request hash and defaults); an empty payload unless one is given."""
+    request = SubmitJobRequest(
+        task_type=task_type, payload=payload or {}, queue=queue, delay_seconds=delay
+    )
+    template = job_row(request, new_job_id(), DEFAULT_MAX_ATTEMPTS)
+    return [dataclasses.replace(template, id=new_job_id()) for _ in range(count)]
+
+
+async def insert_jobs(
+    connection: asyncpg.Connection,
+    count: int,
+    task_type: str = "noop",
+    payload: dict[str, Any] | None = None,
+    queue: str = "default",
+    delay: float = 0.0,
+) -> None:
+    """Insert `count` jobs with the shared enqueue statement, `INSERT_BATCH` per statement
+    (each batch its own transaction, as a producer's batches would be)."""
+    for start in range(0, count, INSERT_BATCH):
+        rows = job_rows(min(INSERT_BATCH, count - start), task_type, payload, queue, delay)
+        await connection.fetch(ENQUEUE_ASYNCPG, encode_rows(rows))
+
+
+async def reset_jobs(connection: asyncpg.Connection) -> None:
+    """Empty the job table and refresh its statistics (between runs on one database)."""
+    await connection.execute("TRUNCATE job")
+    await connection.execute("VACUUM ANALYZE job")
+
+
+async def burn_window(connection: asyncpg.Connection) -> float:
+    """Seconds from the first claim to the last completion of the COMPLETED jobs (0 if none)."""
+    seconds = await connection.fetchval(
+        "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(claimed_at))::float8 FROM job"
+        " WHERE status = 'COMPLETED'"
+    )
+    return float(seconds or 0.0)
+
+
+async def outcome(connection: asyncpg.Connection) -> dict[str, Any]:
+    """What became of the jobs: `{total, by_status: {status: n}, by_attempts: {attempts: n}}`
+    (attempts counted over COMPLETED jobs only)."""
+    statuses = await connection.fetch("SELECT status, count(*) AS n FROM job GROUP BY status")
+    attempts = await connection.fetch(
+        "SELECT attempts, count(*) AS n FROM job WHERE status = 'COMPLETED'"
+        " GROUP BY attempts ORDER BY attempts"
+    )
+    by_status = {str(r["status"]): int(r["n"]) for r in statuses}
+    return {
+        "total": sum(by_status.values()),
+        "by_status": by_status,
+        "by_attempts": {str(r["attempts"]): int(r["n"]) for r in attempts},
+    }
+
+
+def verify(result: dict[str, Any], expected: int, max_attempts: int = 1) -> dict[str, Any]:
+    """Check an `outcome()`: exactly `expected` jobs, all COMPLETED, none with more than
+    `max_attempts` attempts. Returns `{ok, expected, completed, lost, not_completed,
+    over_attempts}`; `ok` is False when any check fails (the caller records it, the smoke test
+    asserts it)."""
+    completed = result["by_status"].get("COMPLETED", 0)
+    over = sum(n for a, n in result["by_attempts"].items() if int(a) > max_attempts)
+    return {
+        "ok": result["total"] == expected and completed == expected and over == 0,
+        "expected": expected,
+        "completed": completed,
+        "lost": expected - result["total"],
+        "not_completed": result["total"] - completed,
+        "over_attempts": over,
+    }
+
+
+async def completed_count(connection: asyncpg.Connection) -> int:
+    """How many jobs are COMPLETED right now."""
+    return int(await connection.fetchval("SELECT count(*) FROM job WHERE status = 'COMPLETED'"))
+
+
+async def latencies_ms(connection: asyncpg.Connection, start: str, end: str) -> list[float]:
+    """`end - start` in milliseconds for every COMPLETED job; `start`/`end` are column names
+    of `job` (e.g. created_at, claimed_at, finished_at)."""
+    rows = await connection.fetch(
+        f"SELECT EXTRACT(EPOCH FROM {end} - {start})::float8 * 1000 AS ms FROM job"
+        " WHERE status = 'COMPLETED'"
+    )
+    return [float(r["ms"]) for r in rows]
