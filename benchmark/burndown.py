@@ -31,7 +31,7 @@ from infra.stack import LocalStack
 
 @dataclass(frozen=True)
 class Shape:
-    """Worker replicas × slots per replica."""
+    """Worker replicas, and slots (`WORKER_CONCURRENCY`) per replica."""
 
     replicas: int
     slots: int
@@ -59,9 +59,7 @@ async def wait_completed(
         if done >= expected:
             return
         if stack is not None:
-            dead = [
-                n for n, p in stack.processes.items() if n not in stack.stopped and p.poll()
-            ]
+            dead = [n for n, p in stack.processes.items() if n not in stack.stopped and p.poll()]
             if dead:
                 raise RuntimeError(f"{label}: {dead} exited\n{stack.log_tail()}")
         if time.monotonic() > deadline:
@@ -108,20 +106,21 @@ async def burn_once(
             stack.stop_process(f"worker{index + 1}")
     seconds = await database.burn_window(connection)
     verified = database.verify(await database.outcome(connection), jobs)
-    result = {
+    cpu = cpu_per_job_us(usage, jobs - before)
+    result: dict[str, Any] = {
         "shape": shape.label,
         "replicas": shape.replicas,
         "slots": shape.slots,
         "jobs": jobs,
         "seconds": round(seconds, 3),
         "jobs_per_s": round(jobs / seconds, 1) if seconds > 0 else 0.0,
-        "cpu_us_per_job": cpu_per_job_us(usage, jobs - before),
+        "cpu_us_per_job": cpu,
         "usage": usage,
         "verified": verified,
     }
     ctx.progress.note(
         f"{label}: {result['jobs_per_s']:,} jobs/s, "
-        f"{result['cpu_us_per_job'].get('total', 0):,} µs CPU/job, ok={verified['ok']}"
+        f"{cpu.get('total', 0):,} µs CPU/job, ok={verified['ok']}"
     )
     return result
 
@@ -151,9 +150,7 @@ async def kill_run(ctx: Context, jobs: int, sleep_ms: int, within: float) -> dic
             done = await database.completed_count(connection)
         stack.stop_process("worker1", signal.SIGKILL)
         ctx.progress.note(f"kill -9 worker1 at {done:,}/{jobs:,} completed")
-        await wait_completed(
-            connection, jobs, ctx.progress, "after kill -9", within, stack
-        )
+        await wait_completed(connection, jobs, ctx.progress, "after kill -9", within, stack)
         # The reaper and the late acks have settled; read the final state.
         outcome = await database.outcome(connection)
         seconds = await database.burn_window(connection)

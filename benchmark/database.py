@@ -8,6 +8,7 @@ migration.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import subprocess
@@ -48,7 +49,8 @@ async def make_template(base_url: str) -> None:
     Raises subprocess.CalledProcessError with alembic's output when the migration fails."""
     await drop_database(base_url, TEMPLATE)
     await admin_execute(base_url, f'CREATE DATABASE "{TEMPLATE}"')
-    subprocess.run(
+    await asyncio.to_thread(
+        subprocess.run,
         [sys.executable, "-m", "alembic", "upgrade", "head"],
         cwd=ROOT,
         env={**os.environ, "DATABASE_URL": f"{base_url}/{TEMPLATE}"},

@@ -40,9 +40,9 @@ class LocalStack:
     `stop()` sends SIGTERM and escalates to SIGKILL after `grace` seconds. Logs go to
     `logs/<name>.log`; mail the sink receives is appended to `logs/mailbox.jsonl`.
 
-    `producer_enabled=False` and `smtp_enabled=False` leave those processes out (a benchmark that drives the
-    queue service alone); `start(workers=k)` starts only the first k replicas, and
-    `start_workers()` the rest later (ports for all `workers` are reserved up front).
+    `producer_enabled=False` and `smtp_enabled=False` leave those processes out (a benchmark
+    that drives the queue service alone); `start(workers=k)` starts only the first k replicas,
+    and `start_workers()` the rest later (ports for all `workers` are reserved up front).
     """
 
     database_url: str
