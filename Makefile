@@ -32,11 +32,12 @@ install: $(STAMP) ## Create .venv with the development lock (requirements-dev.lo
 LOCK_ARGS := --universal --python-version 3.11 --generate-hashes --no-header --no-annotate --quiet
 
 .PHONY: lock
-lock: install ## Re-resolve requirements{,-dev,-smtp}.lock from pyproject.toml (needs network)
+lock: install ## Re-resolve requirements{,-dev,-smtp}.lock and benchmark/peers.lock (needs network)
 	$(BIN)/uv pip compile pyproject.toml --extra dev $(LOCK_ARGS) -o requirements-dev.lock
 	$(BIN)/uv pip compile pyproject.toml $(LOCK_ARGS) -c requirements-dev.lock -o requirements.lock
 	$(BIN)/uv pip compile pyproject.toml --extra smtp $(LOCK_ARGS) -c requirements-dev.lock \
 		-o requirements-smtp.lock
+	$(BIN)/uv pip compile benchmark/peers.in $(LOCK_ARGS) -o benchmark/peers.lock
 
 .PHONY: servers
 servers: install ## Find or start PostgreSQL and Redis; print their URLs
@@ -100,8 +101,12 @@ keys: install ## Print the development API keys and internal token `make run` us
 	@$(BIN)/python -m infra.devkeys
 
 .PHONY: bench
-bench: install ## Median POST→COMPLETED latency of 100 noop jobs on a fresh stack (JSON in benchmark/results)
-	$(BIN)/python -m benchmark.latency --jobs 100
+bench: install ## Whole benchmark suite with peers (~30 min): JSON+PNG in benchmark/results, table in benchmark/README.md
+	$(BIN)/python -m benchmark --preset full
+
+.PHONY: bench-quick
+bench-quick: install ## Benchmark suite at smoke-test size (no peers, one round; what CI runs), not committed
+	$(BIN)/python -m benchmark --preset quick
 
 .PHONY: clean
 clean: ## Remove the virtual environment and caches

@@ -132,7 +132,8 @@ async def rr_hold(
     """The `rr_hold` case. A backlog of sleep jobs large enough for two workers with default
     slots to stay busy for `lead + hold + tail` seconds; the snapshot is taken `lead` seconds
     in and held `hold` seconds. Returns `{hold_s, series: [[t, p50_ms, p99_ms, claims]…] per
-    second, before, during_last_10s, after}` (the last three latency summaries in ms)."""
+    second, before, during_last_10s, after}` (the last three latency summaries in ms; "last
+    10 s" is the whole hold when it is shorter)."""
     url = await ctx.database("claims_rr")
     total = lead + hold + tail
     backlog = int(2 * 4 * (1000 / sleep_ms) * total * 1.2) + 1000

@@ -73,7 +73,7 @@ async def run_step(
     ctx: Context, target: Target, rate: int, seconds: int, workdir: Path
 ) -> dict[str, Any]:
     """One k6 step; returns its summary (`rate, requests, failed, dropped, p50_ms, p95_ms,
-    p99_ms, max_ms, achieved_per_s, cpu_us_per_request, passed`). RuntimeError when k6 fails
+    p99_ms, max_ms, achieved_per_s, cpu_us_per_request, passed, usage`). RuntimeError when k6 fails
     to run or writes no summary."""
     summary = workdir / f"{target.name}-{rate}-{time.monotonic_ns()}.json"
     env = {
@@ -119,6 +119,7 @@ async def run_step(
     for key in ("p50_ms", "p95_ms", "p99_ms", "max_ms"):
         step[key] = round(step[key], 2)
     step["passed"] = passes(step)
+    step["usage"] = usage
     return step
 
 

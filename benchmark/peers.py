@@ -39,12 +39,12 @@ class Peer:
     arguments: tuple[str, ...]
 
 
+_PGQUEUER = "benchmark.peer_drivers.pgqueuer_burn"
+_PROCRASTINATE = "benchmark.peer_drivers.procrastinate_burn"
 PEERS = {
-    "pgqueuer_b100": Peer("pgqueuer_b100", "benchmark.peer_drivers.pgqueuer_burn", ("--batch", "100")),
-    "pgqueuer_b10": Peer("pgqueuer_b10", "benchmark.peer_drivers.pgqueuer_burn", ("--batch", "10")),
-    "procrastinate_c10": Peer(
-        "procrastinate_c10", "benchmark.peer_drivers.procrastinate_burn", ("--concurrency", "10")
-    ),
+    "pgqueuer_b100": Peer("pgqueuer_b100", _PGQUEUER, ("--batch", "100")),
+    "pgqueuer_b10": Peer("pgqueuer_b10", _PGQUEUER, ("--batch", "10")),
+    "procrastinate_c10": Peer("procrastinate_c10", _PROCRASTINATE, ("--concurrency", "10")),
 }
 
 

@@ -10,7 +10,6 @@ the client began the POST (client clock) to `finished_at` (same host, same syste
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from typing import Any
 
@@ -21,6 +20,7 @@ from benchmark import database
 from benchmark.burndown import wait_completed
 from benchmark.context import Context
 from benchmark.stats import latency_summary
+from infra.stack import LocalStack
 
 
 async def _submit_all(url: str, key: str, jobs: int, rate: float) -> dict[str, float]:
@@ -43,21 +43,16 @@ async def _submit_all(url: str, key: str, jobs: int, rate: float) -> dict[str, f
     return began
 
 
-async def run(ctx: Context, jobs: int, rate: float) -> dict[str, Any]:
-    """Returns `{jobs, rate_per_s, workers, created_to_claimed, created_to_completed,
-    post_to_completed, verified}`, each latency a `latency_summary` in ms."""
-    key = secrets.token_urlsafe(24)
-    url = await ctx.database("pickup")
-    stack = ctx.stack(
-        "pickup", url, workers=2, producer=True, environment={"JOBQ_API_KEYS": f"submit:{key}"}
-    )
-    await stack.start()
-    connection = await asyncpg.connect(url)
+async def run(
+    ctx: Context, stack: LocalStack, submit_key: str, jobs: int, rate: float
+) -> dict[str, Any]:
+    """On a running `stack` (queue service, producer, two idle workers; `submit_key` a submit
+    API key) whose job table is empty. Returns `{jobs, rate_per_s, workers, created_to_claimed,
+    created_to_completed, post_to_completed, verified}`, latencies as `latency_summary` (ms)."""
+    connection = await asyncpg.connect(stack.database_url)
     try:
-        # Let both workers reach their long poll before the first job arrives.
-        await asyncio.sleep(0.5)
         ctx.progress.tick(f"pickup: {jobs} jobs at {rate:g}/s", force=True)
-        began = await _submit_all(f"{stack.producer}/jobs", key, jobs, rate)
+        began = await _submit_all(f"{stack.producer}/jobs", submit_key, jobs, rate)
         await wait_completed(connection, jobs, ctx.progress, "pickup", 60, stack)
         claimed = await database.latencies_ms(connection, "created_at", "claimed_at")
         completed = await database.latencies_ms(connection, "created_at", "finished_at")
@@ -69,7 +64,6 @@ async def run(ctx: Context, jobs: int, rate: float) -> dict[str, Any]:
         verified = database.verify(await database.outcome(connection), jobs)
     finally:
         await connection.close()
-        stack.stop()
     to_claim = latency_summary(claimed)
     result: dict[str, Any] = {
         "jobs": jobs,

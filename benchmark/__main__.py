@@ -1,0 +1,5 @@
+"""`python -m benchmark`: see benchmark/suite.py."""
+
+from benchmark.suite import main
+
+main()

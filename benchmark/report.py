@@ -1,0 +1,251 @@
+"""The figures the issue asks for, each beside its target and its ratios, and the results
+table in benchmark/README.md (between the `results:begin`/`results:end` markers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+README = Path(__file__).parent / "README.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    if value is None or not reference:
+        return None
+    return round(value / reference, 2)
+
+
+def _row(
+    figure: str,
+    value: float | None,
+    unit: str,
+    target: str = "",
+    met: bool | None = None,
+    pgqueuer: float | None = None,
+    bare: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "figure": figure,
+        "value": value,
+        "unit": unit,
+        "target": target,
+        "met": met,
+        "x_pgqueuer_b100": pgqueuer,
+        "x_bare": bare,
+    }
+
+
+def _burn_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    rounds = results["burn_rounds"]
+    jobq = rounds["jobq"]["jobs_per_s"]
+    pgq = rounds.get("pgqueuer_b100", {}).get("jobs_per_s")
+    procrastinate = rounds.get("procrastinate_c10", {}).get("jobs_per_s")
+    share = _ratio(jobq, pgq)
+    rows = [
+        _row(
+            "Burn-down, project worker, defaults (2 replicas x 4 slots), median",
+            jobq,
+            "jobs/s",
+            ">= 5,000 jobs/s; >= 0.35x pgqueuer b100",
+            jobq >= 5000 and (share is None or share >= 0.35),
+            share,
+        )
+    ]
+    if procrastinate:
+        times = _ratio(jobq, procrastinate)
+        rows.append(
+            _row("Burn-down, jobq defaults / procrastinate", times, "x", ">= 10x",
+                 times is not None and times >= 10)
+        )  # fmt: skip
+    if results["matrix"]:
+        best = max(results["matrix"], key=lambda r: r["jobs_per_s"])
+        rows.append(
+            _row(f"Burn-down, best matrix shape ({best['shape']})", best["jobs_per_s"],
+                 "jobs/s", pgqueuer=_ratio(best["jobs_per_s"], pgq))
+        )  # fmt: skip
+    cpu = rounds["jobq"]["rounds"][-1]["cpu_us_per_job"].get("total")
+    rows.append(_row("CPU per job, defaults (all classes, last round)", cpu, "µs"))
+    for name, label in (("pgqueuer_b100", "pgqueuer, batch 100"),
+                        ("pgqueuer_b10", "pgqueuer, batch 10"),
+                        ("procrastinate_c10", "procrastinate, concurrency 10")):  # fmt: skip
+        if name in rounds:
+            value = rounds[name]["jobs_per_s"]
+            rows.append(_row(f"Burn-down, {label}, median", value, "jobs/s",
+                             pgqueuer=_ratio(value, pgq)))  # fmt: skip
+    return rows
+
+
+def _ceiling_rows(results: dict[str, Any], pgq: float | None) -> list[dict[str, Any]]:
+    rows = []
+    for raw in results["raw"]:
+        rows.append(
+            _row(f"Queue service alone, raw client, {raw['loops']} loops", raw["jobs_per_s"],
+                 "jobs/s", pgqueuer=_ratio(raw["jobs_per_s"], pgq))
+        )  # fmt: skip
+    bench = results["pgbench"]
+    rows.append(
+        _row(f"pgbench claim+ack, {bench['clients']} clients, batch {bench['batch']}",
+             bench["jobs_per_s"], "jobs/s", pgqueuer=_ratio(bench["jobs_per_s"], pgq))
+    )  # fmt: skip
+    kill = results["kill"]["verified"]
+    rows.append(
+        _row("kill -9 of a worker mid-run: every job COMPLETED exactly once",
+             kill["completed"], "jobs", f"all {kill['expected']}", kill["ok"])
+    )  # fmt: skip
+    return rows
+
+
+def _ingest_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    ingest = results["ingest"]
+    bare = ingest.get("bare", {}).get("knee_per_s")
+    rows = []
+    labels = {"producer": "producer (two hops)", "queue": "queue service (one hop)",
+              "bare": "bare Litestar + asyncpg endpoint"}  # fmt: skip
+    for name, entry in ingest.items():
+        knee = entry["knee_per_s"]
+        target = ">= 2,000/s, p95 < 50 ms, no errors" if name == "producer" else ""
+        met = knee >= 2000 if name == "producer" else None
+        rows.append(
+            _row(f"Ingest knee, single submits, {labels[name]}", knee, "req/s", target, met,
+                 bare=_ratio(knee, bare))
+        )  # fmt: skip
+    at_800 = [
+        s["p95_ms"]
+        for run in ingest.get("producer", {}).get("rounds", [])
+        for s in run["steps"]
+        if s["rate"] == 800
+    ]
+    if at_800:
+        p95 = sorted(at_800)[len(at_800) // 2]
+        rows.append(_row("Ingest at 800/s through the producer, p95", p95, "ms", "< 25 ms",
+                         p95 < 25))  # fmt: skip
+    return rows
+
+
+def _latency_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    pickup = results["pickup"]
+    claimed, completed = pickup["created_to_claimed"], pickup["created_to_completed"]
+    rows = [
+        _row("Pickup, created -> claimed, p50", claimed["p50_ms"], "ms", "< 10 ms",
+             claimed["p50_ms"] < 10),
+        _row("Pickup, created -> claimed, p99", claimed["p99_ms"], "ms", "< 50 ms",
+             claimed["p99_ms"] < 50),
+        _row("Pickup, created -> completed, p50 / p99",
+             completed["p50_ms"], "ms", f"(p99 {completed['p99_ms']} ms)"),
+    ]  # fmt: skip
+    cases = results["claims"]["cases"]
+    for name, label in (("empty", "empty table"), ("completed_1m", "1,000,000 COMPLETED"),
+                        ("scheduled_100k", "100,000 SCHEDULED")):  # fmt: skip
+        if name in cases:
+            rows.append(_row(f"Claim of 10, p99, {label}", cases[name]["p99_ms"], "ms"))
+    ratio = results["claims"].get("p99_ratio_1m_to_empty")
+    if ratio is not None:
+        rows.append(_row("Claim p99, 1M COMPLETED / empty", ratio, "x", "<= 1.5x", ratio <= 1.5))
+    held = results["claims"]["rr_hold"]
+    rows.append(
+        _row(f"Claim p99, last {min(10, held['hold_s']):g} s of a {held['hold_s']:g} s "
+             "REPEATABLE READ snapshot",
+             held["during_last_10s"]["p99_ms"], "ms", f"(before: {held['before']['p99_ms']} ms)")
+    )  # fmt: skip
+    return rows
+
+
+def summary(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every headline figure as `{figure, value, unit, target, met, x_pgqueuer_b100, x_bare}`
+    (`met` None where no target applies, ratios None where no reference was measured)."""
+    results = document["results"]
+    pgq = results["burn_rounds"].get("pgqueuer_b100", {}).get("jobs_per_s")
+    return [
+        *_burn_rows(results),
+        *_ceiling_rows(results, pgq),
+        *_ingest_rows(results),
+        *_latency_rows(results),
+    ]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "**no**"
+    if isinstance(value, float):
+        return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def table(document: dict[str, Any], path: Path) -> str:
+    """The Markdown the README shows for `document` (written to `path`)."""
+    machine, load = document["machine"], document["load_average"]
+    lines = [
+        f"Run `{document['command']}` ({document['name']} preset), {document['started']}, "
+        f"{document['elapsed_s'] // 60} min; {machine['cpus']} CPUs, PostgreSQL "
+        f"{machine['postgres']}, Python {machine['python']}, k6 {machine['k6']}; load average "
+        f"{load['start'][0]} at start, {load['end'][0]} at the end. Result: "
+        f"[`{path.name}`](results/{path.name}).",
+        "",
+        "| figure | measured | target | met | ratio to pgqueuer b100 | ratio to bare endpoint |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in document["summary"]:
+        value = f"{_cell(row['value'])} {row['unit']}"
+        lines.append(
+            f"| {row['figure']} | {value} | {row['target'] or '—'} | {_cell(row['met'])} | "
+            f"{_cell(row['x_pgqueuer_b100'])} | {_cell(row['x_bare'])} |"
+        )
+    lines += ["", *_matrix_table(document), "", *_resources_table(document), ""]
+    lines += [f"![{name}](results/{name})" for name in document.get("plots", [])]
+    return "\n".join(lines)
+
+
+def _matrix_table(document: dict[str, Any]) -> list[str]:
+    matrix = document["results"]["matrix"]
+    if not matrix:
+        return []
+    lines = [
+        "Burn-down matrix (one round each; CPU µs per job by process class):",
+        "",
+        "| replicas x slots | jobs/s | queue | workers | postgres | total |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in matrix:
+        cpu = r["cpu_us_per_job"]
+        lines.append(
+            f"| {r['shape']} | {_cell(r['jobs_per_s'])} | {_cell(cpu.get('queue'))} | "
+            f"{_cell(cpu.get('workers'))} | {_cell(cpu.get('postgres'))} | "
+            f"{_cell(cpu.get('total'))} |"
+        )
+    return lines
+
+
+def _resources_table(document: dict[str, Any]) -> list[str]:
+    res = document["results"]["resources"]
+    idle, load = res["idle"]["classes"], res["load"]["classes"]
+    rate = res["load"]["step"]["rate"]
+    lines = [
+        f"Processes idle and under load ({rate} submits/s through the producer, workers "
+        "running them); CPU in % of one core, RSS summed per class:",
+        "",
+        "| process | CPU idle | CPU load | RSS idle (MiB) | RSS load (MiB) |",
+        "|---|---|---|---|---|",
+    ]
+    for klass in sorted(set(idle) | set(load)):
+        i, loaded = idle.get(klass, {}), load.get(klass, {})
+        lines.append(
+            f"| {klass} | {_cell(i.get('cpu_percent'))} | {_cell(loaded.get('cpu_percent'))} | "
+            f"{_cell(i.get('rss_mb'))} | {_cell(loaded.get('rss_mb'))} |"
+        )
+    return lines
+
+
+def update_readme(document: dict[str, Any], path: Path) -> None:
+    """Replace the table between the markers in benchmark/README.md. RuntimeError when the
+    markers are missing."""
+    text = README.read_text()
+    head, found, rest = text.partition(BEGIN)
+    _, found_end, tail = rest.partition(END)
+    if not (found and found_end):
+        raise RuntimeError(f"{README} lacks the {BEGIN} … {END} markers")
+    README.write_text(f"{head}{BEGIN}\n{table(document, path)}\n{END}{tail}")

@@ -1,0 +1,71 @@
+"""RSS and CPU per process, idle and under load, and the pickup latency, on one full stack.
+
+The stack is what `make run` starts minus the SMTP sink: the queue service, the producer (with
+an API key) and two worker replicas with default settings. Idle: nothing submitted for a few
+seconds. Under load: k6 submits `noop` jobs through the producer at a constant rate while the
+workers run them. CPU is a percentage of one core over the window; RSS is summed per class (the
+peak seen, sampled twice a second).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+import asyncpg
+
+from benchmark import database, pickup
+from benchmark.burndown import wait_completed
+from benchmark.context import Context, stack_pids
+from benchmark.ingest import Target, run_step
+
+
+def _shares(usage: dict[str, dict[str, Any]], seconds: float) -> dict[str, dict[str, float]]:
+    return {
+        klass: {
+            "cpu_percent": round(entry["cpu_seconds"] / seconds * 100, 1),
+            "rss_mb": entry["rss_peak_mb"],
+        }
+        for klass, entry in usage.items()
+    }
+
+
+async def run(
+    ctx: Context,
+    idle_seconds: float,
+    pickup_jobs: int,
+    pickup_rate: float,
+    load_rate: int,
+    load_seconds: int,
+) -> dict[str, Any]:
+    """Returns `{idle, load, pickup}`: `idle`/`load` map each class to `{cpu_percent,
+    rss_mb}` (load also has the k6 step), `pickup` is `pickup.run`'s result. Every job
+    submitted under load must complete (`load.verified`)."""
+    key = secrets.token_urlsafe(24)
+    url = await ctx.database("service")
+    stack = ctx.stack(
+        "service", url, workers=2, producer=True, environment={"JOBQ_API_KEYS": f"submit:{key}"}
+    )
+    await stack.start()
+    connection = await asyncpg.connect(url)
+    try:
+        classes = stack_pids(stack)
+        own = frozenset({connection.get_server_pid()})
+        ctx.progress.tick(f"resources: idle for {idle_seconds:g} s", force=True)
+        meter = ctx.meter(classes, url, own).start()
+        await asyncio.sleep(idle_seconds)
+        idle = _shares(meter.stop(), idle_seconds)
+        picked = await pickup.run(ctx, stack, key, pickup_jobs, pickup_rate)
+        await connection.execute("TRUNCATE job")
+        target = Target("producer", f"{stack.producer}/jobs", key, classes, url)
+        step = await run_step(ctx, target, load_rate, load_seconds, ctx.logs)
+        accepted = step["requests"] - step["failed"]
+        await wait_completed(connection, accepted, ctx.progress, "load", 120, stack)
+        verified = database.verify(await database.outcome(connection), accepted)
+    finally:
+        await connection.close()
+        stack.stop()
+    usage = step.pop("usage")
+    load = {"step": step, "classes": _shares(usage, load_seconds), "verified": verified}
+    return {"idle": {"seconds": idle_seconds, "classes": idle}, "load": load, "pickup": picked}

@@ -1,0 +1,65 @@
+"""Pure logic of the benchmark suite: percentiles, the completion check, the ingest pass rule,
+the pgbench script built from the repository's statements, the README table's markers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmark import report
+from benchmark.database import verify
+from benchmark.ingest import passes
+from benchmark.pgbench import script
+from benchmark.stats import latency_summary, percentile
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    values = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert percentile(values, 0.0) == 1.0
+    assert percentile(values, 0.5) == 3.0
+    assert percentile(values, 0.9) == pytest.approx(4.6)
+    assert percentile([7.0], 0.99) == 7.0
+    with pytest.raises(ValueError):
+        percentile([], 0.5)
+    assert latency_summary([])["count"] == 0
+
+
+def test_verify_counts_lost_unfinished_and_repeated_jobs() -> None:
+    done = {"total": 10, "by_status": {"COMPLETED": 10}, "by_attempts": {"1": 8, "2": 2}}
+    assert not verify(done, 10)["ok"]  # two ran twice
+    assert verify(done, 10, max_attempts=2)["ok"]
+    lost = {"total": 9, "by_status": {"COMPLETED": 8, "PROCESSING": 1}, "by_attempts": {"1": 8}}
+    checked = verify(lost, 10)
+    assert not checked["ok"] and checked["lost"] == 1 and checked["not_completed"] == 1
+
+
+def test_a_step_passes_only_fast_and_clean() -> None:
+    step = {"failed": 0, "dropped": 0, "p95_ms": 49.9}
+    assert passes(step)
+    assert not passes({**step, "p95_ms": 50.0})
+    assert not passes({**step, "failed": 1})
+    assert not passes({**step, "dropped": 1})
+
+
+def test_pgbench_script_runs_the_repository_claim_then_ack() -> None:
+    text = script(25)
+    claim, ack = text.strip().split("\n")
+    assert claim.startswith("WITH picked AS") and claim.endswith("\\gset")
+    assert "LIMIT 25" in claim and "claimed AS ( UPDATE job SET status = 'PROCESSING'" in claim
+    assert "$" not in text  # every parameter became a literal or a pgbench variable
+    assert ":ids::uuid[]" in ack and ":leases::uuid[]" in ack and "'COMPLETED'" in ack
+
+
+def test_readme_table_is_replaced_between_markers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.BEGIN}\nold\n{report.END}\noutro\n")
+    monkeypatch.setattr(report, "README", readme)
+    monkeypatch.setattr(report, "table", lambda document, path: "new table")
+    report.update_readme({}, tmp_path / "full-x.json")
+    assert readme.read_text() == f"intro\n{report.BEGIN}\nnew table\n{report.END}\noutro\n"
+    readme.write_text("no markers\n")
+    with pytest.raises(RuntimeError):
+        report.update_readme({}, tmp_path / "full-x.json")
