@@ -4,7 +4,7 @@ and helpers to make databases and stacks."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
@@ -25,6 +25,7 @@ class Context:
     logs: Path
     progress: Progress
     postmaster: int = 0
+    created: set[str] = field(default_factory=set)
 
     async def setup(self) -> None:
         """Migrate the template database once and find the server's process."""
@@ -37,7 +38,14 @@ class Context:
 
     async def database(self, name: str, migrated: bool = True) -> str:
         """A fresh database `jobq_bench_<name>` (see `database.fresh_database`); its URL."""
+        self.created.add(f"jobq_bench_{name}")
         return await database.fresh_database(self.base_url, f"jobq_bench_{name}", migrated)
+
+    async def cleanup(self) -> None:
+        """Drop every database this run made (the 1M-row one is large), and the template."""
+        for name in sorted(self.created | {database.TEMPLATE}):
+            await database.drop_database(self.base_url, name)
+        self.created.clear()
 
     def stack(
         self,

@@ -131,23 +131,9 @@ async def _ingest(ctx: Context, preset: Preset) -> dict[str, Any]:
     return result
 
 
-async def run(preset: Preset, results_dir: Path, readme: bool) -> Path:
-    """Run the suite; returns the path of the JSON result (PNGs beside it). With `readme`,
-    regenerates the results table in benchmark/README.md."""
-    started = datetime.now(UTC)
-    load_start = load_average()
-    progress = Progress(total=PHASES)
-    logs = Path(tempfile.mkdtemp(prefix="jobq-bench-"))
-    ctx = Context(ensure_postgres(), ensure_redis().rstrip("/") + "/14", logs, progress)
-    machine = await describe(ctx.base_url, ingest.k6_version())
-    progress.phase("template database")
-    await ctx.setup()
-    python = None
-    if preset.peers:
-        progress.phase("peers' environment (benchmark/peers.lock)")
-        python = await peers.ensure_environment()
-    else:
-        progress.done += 1
+async def _phases_run(ctx: Context, preset: Preset, python: Path | None) -> dict[str, Any]:
+    """Every measuring phase in order; the results by phase."""
+    progress = ctx.progress
     results: dict[str, Any] = {}
     progress.phase(f"burn-down rounds: jobq {DEFAULT_SHAPE.label} and {len(preset.peers)} peers")
     results["burn_rounds"] = await _burn_rounds(ctx, preset, python)
@@ -179,6 +165,30 @@ async def run(preset: Preset, results_dir: Path, readme: bool) -> Path:
     results["claims"]["rr_hold"] = await claims.rr_hold(
         ctx, preset.rr_hold, preset.rr_lead, preset.rr_tail
     )
+    return results
+
+
+async def run(preset: Preset, results_dir: Path, readme: bool) -> Path:
+    """Run the suite; returns the path of the JSON result (PNGs beside it). With `readme`,
+    regenerates the results table in benchmark/README.md."""
+    started = datetime.now(UTC)
+    load_start = load_average()
+    progress = Progress(total=PHASES)
+    logs = Path(tempfile.mkdtemp(prefix="jobq-bench-"))
+    ctx = Context(ensure_postgres(), ensure_redis().rstrip("/") + "/14", logs, progress)
+    machine = await describe(ctx.base_url, ingest.k6_version())
+    progress.phase("template database")
+    await ctx.setup()
+    python = None
+    if preset.peers:
+        progress.phase("peers' environment (benchmark/peers.lock)")
+        python = await peers.ensure_environment()
+    else:
+        progress.done += 1
+    try:
+        results = await _phases_run(ctx, preset, python)
+    finally:
+        await ctx.cleanup()
     document = {
         "name": preset.name,
         "command": " ".join(["python -m benchmark", *sys.argv[1:]]),
