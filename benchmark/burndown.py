@@ -59,7 +59,11 @@ async def wait_completed(
         if done >= expected:
             return
         if stack is not None:
-            dead = [n for n, p in stack.processes.items() if n not in stack.stopped and p.poll()]
+            dead = [
+                n
+                for n, p in stack.processes.items()
+                if n not in stack.stopped and p.poll() is not None
+            ]
             if dead:
                 raise RuntimeError(f"{label}: {dead} exited\n{stack.log_tail()}")
         if time.monotonic() > deadline:

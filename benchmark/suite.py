@@ -7,6 +7,7 @@ its own processes and databases and stops them; a failure stops the suite with t
 
     python -m benchmark                  # the full suite (make bench)
     python -m benchmark --preset quick   # the smoke-test size (make bench-quick)
+    python -m benchmark --render benchmark/results/full-….json   # README table from a result
 """
 
 from __future__ import annotations
@@ -236,7 +237,20 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="regenerate benchmark/README.md's table (default: only for the full preset)",
     )
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="run nothing: recompute the summary of a result and regenerate the README table",
+    )
     args = parser.parse_args(argv)
+    if args.render is not None:
+        document = json.loads(args.render.read_text())
+        document["summary"] = report.summary(document)
+        args.render.write_text(json.dumps(document, indent=1) + "\n")
+        report.update_readme(document, args.render)
+        print(args.render)
+        return
     preset = PRESETS[args.preset]
     readme = args.readme if args.readme is not None else preset.name == "full"
     print(asyncio.run(run(preset, args.results, readme)))
