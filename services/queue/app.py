@@ -88,7 +88,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
     settings = settings or QueueSettings()
     token = settings.queue_internal_token
     registry = CollectorRegistry(auto_describe=True)
-    metrics = QueueMetrics(registry)
+    metrics = QueueMetrics(registry, depth_cache=bool(settings.redis_url))
     # Created here rather than in the lifespan so the server can signal them the moment a
     # shutdown begins, before it waits for in-flight requests: waiting claims then end at once.
     shutdown = asyncio.Event()
@@ -173,12 +173,16 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         cache: DepthCache = state.depth_cache
         return cache
 
+    def provide_metrics() -> QueueMetrics:
+        return metrics
+
     app = Litestar(
         route_handlers=[JobController, queues, redrive, ready, live, metrics_route(registry)],
         lifespan=[lifespan],
         dependencies={
             "service": Provide(provide_service, sync_to_thread=False),
             "depth_cache": Provide(provide_depth_cache, sync_to_thread=False),
+            "metrics": Provide(provide_metrics, sync_to_thread=False),
         },
         exception_handlers=exception_handlers(),
         before_request=require_json_body,

@@ -113,7 +113,10 @@ class Retention:
 async def refresh_depth(
     repository: JobRepository, cache: DepthCache, metrics: QueueMetrics
 ) -> None:
-    """Read depth from PostgreSQL, publish it as gauges and cache it in Redis."""
+    """Read depth from PostgreSQL, publish it as gauges and cache it in Redis; the freshness
+    gauges record when each step last succeeded (the depth-cache-stale alert reads them)."""
     rows = await repository.depth()
     metrics.observe_depth(rows)
-    await cache.store(rows)
+    metrics.depth_refreshed.set_to_current_time()
+    if await cache.store(rows) and metrics.depth_cache_written is not None:
+        metrics.depth_cache_written.set_to_current_time()

@@ -16,7 +16,11 @@ _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100)
 class QueueMetrics:
     """Every queue-service metric; one instance per app, registered on `registry`."""
 
-    def __init__(self, registry: CollectorRegistry, label_limit: int = 100) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, label_limit: int = 100, depth_cache: bool = True
+    ) -> None:
+        """`depth_cache` says whether a Redis depth cache is configured; without one the
+        cache-write gauge is not exported, so its staleness alert cannot fire."""
         self.registry = registry
         self.queue_label = BoundedLabel(label_limit)
         self.task_label = BoundedLabel(label_limit)
@@ -68,6 +72,24 @@ class QueueMetrics:
             buckets=_END_TO_END_BUCKETS,
             registry=registry,
         )
+
+        self.released = Counter(
+            "jobq_released",
+            "Leases given back early with a heartbeat of 0 (worker shutdown, SQS visibility 0).",
+            registry=registry,
+        )
+        self.depth_refreshed = Gauge(
+            "jobq_depth_refresh_timestamp_seconds",
+            "Unix time of the last depth read from PostgreSQL (the jobq_jobs gauges).",
+            registry=registry,
+        )
+        self.depth_cache_written: Gauge | None = None
+        if depth_cache:
+            self.depth_cache_written = Gauge(
+                "jobq_depth_cache_write_timestamp_seconds",
+                "Unix time of the last depth snapshot written to the Redis cache.",
+                registry=registry,
+            )
 
     def observe_depth(self, rows: list[DepthRow]) -> None:
         """Publish a fresh depth snapshot; queues that emptied report 0, not a stale value."""

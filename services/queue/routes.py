@@ -30,6 +30,7 @@ from common.contracts import (
     HeartbeatRequest,
     HeartbeatResponse,
     JobList,
+    JobStatus,
     JobView,
     QueuesResponse,
     RedriveRequest,
@@ -47,6 +48,7 @@ from common.queries import (
 )
 from common.web import problems
 from services.queue.depth import DepthCache, current_depth
+from services.queue.metrics import QueueMetrics
 from services.queue.service import QueueService
 
 
@@ -215,10 +217,14 @@ class JobController(Controller):
         job_id: FromPath[uuid.UUID],
         data: JSONBody[HeartbeatRequest],
         service: NamedDependency[QueueService],
+        metrics: NamedDependency[QueueMetrics],
     ) -> HeartbeatResponse:
         """SQS ChangeMessageVisibility: the lease ends `visibilityTimeout` seconds from now
         (12 h cap from the claim); 0 releases the job. The reply carries `cancelRequested`."""
-        return await service.heartbeat(job_id, data)
+        reply = await service.heartbeat(job_id, data)
+        if reply.status is not JobStatus.PROCESSING:
+            metrics.released.inc()
+        return reply
 
     @post(
         "/{job_id:uuid}/cancelled",
