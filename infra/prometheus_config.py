@@ -82,7 +82,8 @@ def local(targets: Mapping[str, Sequence[str]], interval: str = "1s") -> dict[st
 
 def dump(config: Mapping[str, Any]) -> str:
     """YAML text of a configuration, in a stable order."""
-    return yaml.safe_dump(dict(config), sort_keys=False, default_flow_style=False)
+    text: str = yaml.safe_dump(dict(config), sort_keys=False, default_flow_style=False)
+    return text
 
 
 def compose_text() -> str:
