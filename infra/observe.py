@@ -91,7 +91,9 @@ _MATCHERS = re.compile(r"\{[^}]*\}")
 _RANGE = re.compile(r"\[[^\]]*\]")
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
 _IDENTIFIER = re.compile(r"(?<![\w.$])[a-zA-Z_:][a-zA-Z0-9_:]*")
-_KEYWORDS = frozenset({"and", "or", "unless", "offset", "bool", "inf", "nan", "atan2"})
+_KEYWORDS = frozenset(
+    {"and", "or", "unless", "offset", "bool", "inf", "nan", "atan2", "group_left", "group_right"}
+)
 
 
 def metric_names(expr: str) -> set[str]:

@@ -2,6 +2,7 @@
 // this VU submitted, 1 submits a batch of BATCH_SIZE (default 10). RATE iterations per second
 // for DURATION, held to the same objective as submit.js.
 //   k6 run -e RATE=200 -e DURATION=60s benchmark/k6/mixed.js   (or `make k6 SCRIPT=mixed`)
+import exec from "k6/execution";
 import { DURATION, MAX_VUS, RATE, SUMMARY_TREND_STATS, THRESHOLDS, status, submit, submitBatch } from "./lib.js";
 
 const BATCH_SIZE = Number(__ENV.BATCH_SIZE || 10);
@@ -24,7 +25,7 @@ export const options = {
 const submitted = []; // per VU: ids to read back
 
 export default function () {
-  const slot = __ITER % 10;
+  const slot = exec.scenario.iterationInTest % 10;
   if (slot === 9) {
     submitBatch(BATCH_SIZE);
   } else if (slot >= 6 && submitted.length > 0) {
