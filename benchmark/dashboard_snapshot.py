@@ -49,9 +49,9 @@ SETTINGS = {
 def _scaled(value: float, unit: str) -> str:
     """A tick label for `value` in Grafana unit `unit`."""
     if unit == "percentunit":
-        return f"{value * 100:.0f}%"
+        return f"{value * 100:.3g}%"
     if unit == "s":
-        return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.1f} s"
+        return f"{value * 1000:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
     if unit == "bytes":
         return f"{value / 2**20:.1f} MiB"
     if unit in ("ops", "reqps"):
@@ -103,15 +103,17 @@ def render(
     data: dict[int, list[tuple[str, list[Any]]]],
     origin: float,
     path: Path,
+    title: str = "jobq",
 ) -> None:
     """Draw `panels` (dashboard JSON panels, with gridPos) with `data` (panel id → labelled
     series of `[Unix time, value]` pairs; the x axis shows minutes:seconds since `origin`)
     into a PNG at `path`."""
     bottom = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels)
     unit_h = 0.42  # inches per grid row
-    figure = Figure(figsize=(18, bottom * unit_h + 0.6), facecolor=BACKGROUND)
-    figure.suptitle("jobq", color=TEXT, x=0.01, ha="left", fontsize=13)
-    top_margin = 0.6 / (bottom * unit_h + 0.6)
+    header = 0.8  # inches above the grid, for the title
+    figure = Figure(figsize=(18, bottom * unit_h + header), facecolor=BACKGROUND)
+    figure.suptitle(title, color=TEXT, x=0.005, y=0.998, ha="left", va="top", fontsize=13)
+    top_margin = header / (bottom * unit_h + header)
     usable = 1 - top_margin
     for panel in panels:
         grid = panel["gridPos"]
@@ -121,8 +123,10 @@ def render(
         if panel["type"] == "row":
             figure.text(0.005, y + height / 2, panel["title"], color=TEXT, fontsize=11, va="center")
             continue
-        pad_x, pad_y = 0.012, 0.55 / (bottom * unit_h)
-        ax = figure.add_axes((left + pad_x, y + pad_y * 0.5, width - 1.6 * pad_x, height - pad_y))
+        # Room on the left for tick labels, above for the title.
+        pad_left, pad_right, pad_y = 0.04, 0.008, 0.6 / (bottom * unit_h)
+        box = (left + pad_left, y + pad_y * 0.45, width - pad_left - pad_right, height - pad_y)
+        ax = figure.add_axes(box)
         _draw_panel(ax, panel, data.get(panel["id"], []), origin)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=80, facecolor=BACKGROUND)
@@ -161,14 +165,15 @@ async def snapshot(rate: int, duration: str, path: Path) -> None:
     finally:
         observer.stop()
         stack.stop()
-    render(model["panels"], data, started, path)
+    title = f"jobq: k6 mixed.js at {rate}/s for {duration}, 2 workers of 4 slots, from Prometheus"
+    render(model["panels"], data, started, path, title)
     print(f"wrote {path}", file=sys.stderr)
 
 
 def main() -> int:
     """CLI entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rate", type=int, default=60, help="k6 mixed.js iterations per second")
+    parser.add_argument("--rate", type=int, default=40, help="k6 mixed.js iterations per second")
     parser.add_argument("--duration", default="40s", help="k6 duration (default 40s)")
     parser.add_argument("--output", type=Path, default=OUTPUT)
     args = parser.parse_args()

@@ -32,3 +32,18 @@ def test_worker_stop_grace_covers_its_drain_budget() -> None:
     assert "ports" not in worker, "host ports would break --scale"
     grace = int(worker["stop_grace_period"].rstrip("s"))
     assert grace > 25, "must exceed WORKER_SHUTDOWN_GRACE (25 s) plus releasing jobs"
+
+
+def test_every_jobq_image_command_is_one_the_tests_start() -> None:
+    """Each compose service on the jobq image runs a Procfile command (the e2e stack starts
+    those) or the migration the test fixtures run (`alembic upgrade head`)."""
+    compose = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
+    started = [*procfile_commands().values(), ["alembic", "upgrade", "head"]]
+    on_our_image = {
+        name: service["command"]
+        for name, service in compose["services"].items()
+        if service.get("image") == "jobq:local"
+    }
+    assert set(on_our_image) == {"migrate", "queue", "producer", "worker", "smtp"}
+    for name, command in on_our_image.items():
+        assert any(command[: len(s)] == s for s in started), f"{name}: {command}"
