@@ -21,6 +21,26 @@ export const THRESHOLDS = {
 };
 export const SUMMARY_TREND_STATS = ["avg", "min", "med", "p(90)", "p(95)", "p(99)", "max"];
 
+// Options of an open-loop run: RATE iterations per second for DURATION in scenario `name`,
+// held to THRESHOLDS. k6 starts each iteration on schedule whatever the previous ones did, and
+// counts `dropped_iterations` when MAX_VUS are all busy.
+export function constantArrival(name) {
+  return {
+    scenarios: {
+      [name]: {
+        executor: "constant-arrival-rate",
+        rate: RATE,
+        timeUnit: "1s",
+        duration: DURATION,
+        preAllocatedVUs: Math.min(MAX_VUS, Math.max(10, Math.ceil(RATE / 10))),
+        maxVUs: MAX_VUS,
+      },
+    },
+    thresholds: THRESHOLDS,
+    summaryTrendStats: SUMMARY_TREND_STATS,
+  };
+}
+
 const HEADERS = { "Content-Type": "application/json" };
 if (__ENV.API_KEY) {
   HEADERS.Authorization = `Bearer ${__ENV.API_KEY}`;

@@ -3,24 +3,11 @@
 // for DURATION, held to the same objective as submit.js.
 //   k6 run -e RATE=200 -e DURATION=60s benchmark/k6/mixed.js   (or `make k6 SCRIPT=mixed`)
 import exec from "k6/execution";
-import { DURATION, MAX_VUS, RATE, SUMMARY_TREND_STATS, THRESHOLDS, status, submit, submitBatch } from "./lib.js";
+import { constantArrival, status, submit, submitBatch } from "./lib.js";
 
 const BATCH_SIZE = Number(__ENV.BATCH_SIZE || 10);
 
-export const options = {
-  scenarios: {
-    mixed: {
-      executor: "constant-arrival-rate",
-      rate: RATE,
-      timeUnit: "1s",
-      duration: DURATION,
-      preAllocatedVUs: Math.min(MAX_VUS, Math.max(10, Math.ceil(RATE / 10))),
-      maxVUs: MAX_VUS,
-    },
-  },
-  thresholds: THRESHOLDS,
-  summaryTrendStats: SUMMARY_TREND_STATS,
-};
+export const options = constantArrival("mixed");
 
 const submitted = []; // per VU: ids to read back
 

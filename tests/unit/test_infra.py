@@ -47,3 +47,14 @@ def test_every_jobq_image_command_is_one_the_tests_start() -> None:
     assert set(on_our_image) == {"migrate", "queue", "producer", "worker", "smtp"}
     for name, command in on_our_image.items():
         assert any(command[: len(s)] == s for s in started), f"{name}: {command}"
+
+
+def test_dev_keys_gain_a_grafana_password_without_losing_the_others(tmp_path: Path) -> None:
+    from infra.devkeys import load_or_create
+
+    path = tmp_path / "dev.env"
+    path.write_text("JOBQ_API_KEYS=admin:a,submit:s\nQUEUE_INTERNAL_TOKEN=t\nJOBQ_KEY=a\n")
+    values = load_or_create(path)
+    assert values["JOBQ_API_KEYS"] == "admin:a,submit:s" and values["QUEUE_INTERNAL_TOKEN"] == "t"
+    assert len(values["GRAFANA_ADMIN_PASSWORD"]) >= 16
+    assert load_or_create(path) == values, "kept in the file"
