@@ -4,12 +4,13 @@
 // (`http_req_duration{target:<rate>}`): the knee is the first step whose p95 passes 250 ms or
 // that drops iterations. Thresholds do not abort the run, so every step is measured.
 //   k6 run -e PEAK=1200 -e STEP=30s benchmark/k6/burst.js     (or `make k6 SCRIPT=burst`)
-import { MAX_VUS, SUMMARY_TREND_STATS, THRESHOLDS, submit } from "./lib.js";
+import { SUMMARY_TREND_STATS, THRESHOLDS, submit } from "./lib.js";
 
 const PEAK = Number(__ENV.PEAK || 1000);
 const STEPS = Number(__ENV.STEPS || 5);
 const STEP = __ENV.STEP || "20s";
 const STEP_SECONDS = Number(STEP.replace(/s$/, ""));
+const MAX_VUS = Number(__ENV.MAX_VUS || Math.max(20, Math.ceil(PEAK / 2)));
 const TARGETS = Array.from({ length: STEPS }, (_, index) => Math.round((PEAK * (index + 1)) / STEPS));
 
 const perStep = {};
@@ -24,7 +25,7 @@ export const options = {
       startRate: TARGETS[0],
       timeUnit: "1s",
       preAllocatedVUs: Math.min(MAX_VUS, 50),
-      maxVUs: Number(__ENV.MAX_VUS || Math.min(1000, 4 * PEAK)),
+      maxVUs: MAX_VUS,
       // Each step: a quick ramp to its target, then a hold at it.
       stages: TARGETS.flatMap((target) => [
         { target, duration: "1s" },
