@@ -105,6 +105,8 @@ def test_grafana_provisioning_matches_compose() -> None:
     )["datasources"][0]
     assert datasource["uid"] == dashboard.DATASOURCE.uid
     assert datasource["url"] == "http://prometheus:9090"
+    scrape_interval = prometheus_config.compose()["global"]["scrape_interval"]
+    assert datasource["jsonData"]["timeInterval"] == scrape_interval, "$__rate_interval base"
     assert "GRAFANA_ADMIN_PASSWORD" in grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
 
 
