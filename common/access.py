@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import hmac
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from litestar.connection import ASGIConnection
@@ -16,7 +16,9 @@ from common.errors import Forbidden, Unauthorized
 PROBE_PATHS = ("/health/live", "/health/ready", "/metrics")
 """Paths every service serves without credentials: probes and scrapes."""
 
-Guard = Callable[[ASGIConnection[Any, Any, Any, Any], BaseRouteHandler], None]
+Guard = Callable[[ASGIConnection[Any, Any, Any, Any], BaseRouteHandler], Awaitable[None]]
+"""Guards are coroutines: Litestar runs synchronous guards on a thread pool, which costs more
+than a constant-time compare."""
 
 
 class Role(enum.StrEnum):
@@ -76,7 +78,9 @@ def role_guard(keys: dict[str, Role]) -> Guard:
     """A Litestar guard: 401 without a known key, 403 when the handler's `opt["role"]` is
     admin and the key's is not. With no keys configured, access is open (development)."""
 
-    def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    async def guard(
+        connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+    ) -> None:
         # The public API's description is public; the internal one is not.
         if not keys or _is_public(connection, schema=True):
             return
@@ -93,7 +97,7 @@ def token_guard(token: str | None) -> Guard:
     """A Litestar guard for the queue service: every route but health and metrics needs
     `Authorization: Bearer <QUEUE_INTERNAL_TOKEN>` when a token is set (DESIGN.md §5a)."""
 
-    def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         if token is None or _is_public(connection, schema=False):
             return
         if _match(_bearer(connection), {token: Role.ADMIN}) is None:

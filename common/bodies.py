@@ -1,103 +1,106 @@
-"""Handler middleware for JSON request bodies: strict decoding and unpaired surrogates.
+"""JSON request bodies, decoded once, strictly, after the caller was authenticated.
 
-- **Strict types.** Litestar converts bodies leniently (`"5"` becomes `5`); jobq's contract is
-  that a wrong type is an error, so every body is first decoded strictly against its Struct and
-  a mismatch is a 422 with a JSON pointer.
+`StrictJSON[T]` is a Litestar DTO that turns a request body into the msgspec Struct `T` with
+one `msgspec.json.decode(body, type=T)` call:
+
+- **Strict types.** Litestar's own conversion is lenient (`"5"` becomes `5`); jobq's contract
+  is that a wrong type is an error, a 422 with a JSON pointer.
+- **Once, and late.** Litestar runs guards (authentication) and the `before_request` hook (the
+  content-type check, 415) before it extracts `data`, so an unauthenticated request costs no
+  more than reading its headers, and a body is never decoded twice.
 - **Unpaired surrogates.** Escapes like `"\\ud800"` are valid JSON but not valid Unicode, so the
-  decoder would reject the whole body with an unhelpful message. Workers' reports get them
-  replaced (DESIGN.md §5: a report is always recordable); submits get them marked, so
-  validation names the exact field.
+  decoder would reject the whole body with an unhelpful message. `StrictJSON` marks them, so
+  validation names the exact field of a submit; `ReportJSON` replaces them with U+FFFD, so a
+  worker's report is always recordable (docs/architecture.md#reports).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Generator
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
-from litestar.enums import ScopeType
-from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
+from litestar.dto import AbstractDTO
+from litestar.dto.data_structures import DTOFieldDefinition
+from litestar.openapi.spec import Reference, Schema
+from litestar.typing import FieldDefinition
 
-from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.errors import MalformedRequest
 from common.text import LONE_SURROGATE_MARK_ESCAPE, repair_lone_surrogate_escapes
 from common.web import msgspec_error
 
-_THREAD_ABOVE = 64 * 1024
-"""Bodies larger than this are scanned for surrogates off the event loop."""
+T = TypeVar("T")
 
 
-def strict_json(
-    struct: type[msgspec.Struct], *, surrogates: Literal["mark", "replace"] = "mark"
-) -> Callable[[ASGIApp], ASGIApp]:
-    """Middleware factory: buffer the body (up to the 8 MiB bound), rewrite unpaired-surrogate
-    escapes (`mark` for submits, `replace` with U+FFFD for reports), decode it strictly as
-    `struct` (InvalidInput on a type or bound error), then hand the body to the route.
+def decode_strict(body: bytes, type_: type[T], surrogate_replacement: bytes) -> T:
+    """Decode `body` as `type_` with msgspec's strict rules.
 
-    Larger bodies pass through untouched, so the framework still answers 413; malformed JSON
-    is a 400 (MalformedRequest), an empty body is left to the route (also 400).
+    Raises MalformedRequest (400) for an empty body or invalid JSON, InvalidInput (422, with a
+    JSON pointer) for a value of the wrong type or out of bounds.
     """
-    replacement = (LONE_SURROGATE_MARK_ESCAPE if surrogates == "mark" else "\\ufffd").encode()
-
-    def factory(app: ASGIApp) -> ASGIApp:
-        async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != ScopeType.HTTP:
-                await app(scope, receive, send)
-                return
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":
-                    replay = [*_as_messages(chunks, more=True), message]
-                    await app(scope, _replay(replay, receive), send)
-                    return
-                chunk = message.get("body", b"")
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > REQUEST_BODY_MAX_BYTES and message.get("more_body", False):
-                    await app(scope, _replay(_as_messages(chunks, more=True), receive), send)
-                    return
-                if not message.get("more_body", False):
-                    break
-            body = await _repaired(b"".join(chunks), replacement)
-            if body.strip():
-                try:
-                    msgspec.json.decode(body, type=struct)
-                except msgspec.ValidationError as exc:
-                    raise msgspec_error(str(exc)) from None
-                except msgspec.DecodeError as exc:
-                    raise MalformedRequest(f"the request body is not valid JSON: {exc}") from None
-            await app(scope, _replay(_as_messages([body], more=False), receive), send)
-
-        return middleware
-
-    return factory
+    if not body.strip():
+        raise MalformedRequest("the request body is empty; send a JSON object")
+    if b"\\u" in body or b"\\U" in body:
+        body = repair_lone_surrogate_escapes(body, surrogate_replacement)
+    try:
+        return msgspec.json.decode(body, type=type_)
+    except msgspec.ValidationError as exc:
+        raise msgspec_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise MalformedRequest(f"the request body is not valid JSON: {exc}") from None
 
 
-async def _repaired(body: bytes, replacement: bytes) -> bytes:
-    if b"\\u" not in body and b"\\U" not in body:
-        return body
-    if len(body) > _THREAD_ABOVE:
-        return await asyncio.to_thread(repair_lone_surrogate_escapes, body, replacement)
-    return repair_lone_surrogate_escapes(body, replacement)
+class StrictJSON(AbstractDTO[T]):
+    """`data_dto=StrictJSON[Struct]`: the body decoded strictly into `Struct`, unpaired
+    surrogates marked so validation can point at them. The OpenAPI request body is `Struct`'s
+    schema."""
+
+    surrogate_replacement: ClassVar[bytes] = LONE_SURROGATE_MARK_ESCAPE.encode()
+
+    @classmethod
+    def create_for_field_definition(
+        cls, field_definition: FieldDefinition, handler_id: str, backend_cls: Any = None
+    ) -> None:
+        """No transfer model is built: decoding is one msgspec call."""
+
+    @classmethod
+    def generate_field_definitions(
+        cls, model_type: type[Any]
+    ) -> Generator[DTOFieldDefinition, None, None]:
+        """Unused: this DTO never builds a transfer model."""
+        yield from ()
+
+    @classmethod
+    def detect_nested_field(cls, field_definition: FieldDefinition) -> bool:
+        """Unused: this DTO never builds a transfer model."""
+        return False
+
+    @classmethod
+    def is_supported_model_type_field(cls, field_definition: FieldDefinition) -> bool:
+        """Never used for responses: replies are encoded as they are."""
+        return False
+
+    def decode_bytes(self, value: bytes) -> T:
+        """The request body as the model type; raises MalformedRequest or InvalidInput."""
+        return decode_strict(value, self.model_type, self.surrogate_replacement)
+
+    def decode_builtins(self, value: dict[str, Any]) -> T:
+        """Form bodies are refused by the content-type check before they get here."""
+        raise MalformedRequest("send the body as application/json")
+
+    @classmethod
+    def create_openapi_schema(
+        cls, field_definition: FieldDefinition, handler_id: str, schema_creator: Any
+    ) -> Reference | Schema:
+        """The model type's own schema (a component reference)."""
+        schema: Reference | Schema = schema_creator.for_field_definition(
+            FieldDefinition.from_annotation(cls.model_type)
+        )
+        return schema
 
 
-def _as_messages(chunks: list[bytes], *, more: bool) -> list[ReceiveMessage]:
-    messages: list[ReceiveMessage] = []
-    for index, chunk in enumerate(chunks):
-        last = index == len(chunks) - 1
-        messages.append({"type": "http.request", "body": chunk, "more_body": more or not last})
-    return messages
+class ReportJSON(StrictJSON[T]):
+    """Like `StrictJSON`, for workers' reports: unpaired surrogates become U+FFFD, so a report
+    is always recordable."""
 
-
-def _replay(messages: list[ReceiveMessage], receive: Receive) -> Receive:
-    pending = list(messages)
-
-    async def replay() -> ReceiveMessage:
-        if pending:
-            return pending.pop(0)
-        return await receive()
-
-    return replay
+    surrogate_replacement: ClassVar[bytes] = b"\\ufffd"

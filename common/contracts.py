@@ -262,7 +262,8 @@ class BatchAckRequest(_Wire):
 
 
 class AckResult(_Wire):
-    """One batch-ack outcome: 200 completed (or a replay), 404 unknown job, 409 stale handle."""
+    """One batch-ack outcome: 200 completed (or a replay), 404 unknown job, 409 stale handle
+    (the lease was lost: the job was handed out again or settled by another claim)."""
 
     id: uuid.UUID
     status: int
@@ -298,6 +299,69 @@ class HeartbeatResponse(_Wire):
     visibility_timeout: int
     cancel_requested: bool
     status: JobStatus
+
+
+class FailEntry(_Wire):
+    """One failed attempt of a batch: like `FailRequest`, with the job's id."""
+
+    id: uuid.UUID
+    receipt_handle: uuid.UUID
+    error: str
+    retryable: bool = True
+    retry_after_seconds: RetryAfterSeconds | None = None
+
+
+class BatchFailRequest(_Wire):
+    """`POST /jobs/fail`: record up to 100 failed attempts in one statement (distinct ids)."""
+
+    entries: Annotated[list[FailEntry], Meta(min_length=1, max_length=CLAIM_MAX)]
+
+
+class FailResult(_Wire, omit_defaults=True):
+    """One batch-fail outcome: 200 recorded (or a replay) with the job's status now
+    (`SCHEDULED`, `DEAD_LETTER` or `CANCELLED`), 404 unknown job, 409 stale handle."""
+
+    id: uuid.UUID
+    status: int
+    job_status: JobStatus | None = None
+
+
+class BatchFailResponse(_Wire):
+    """`POST /jobs/fail` reply, in request order."""
+
+    results: list[FailResult]
+
+
+class HeartbeatEntry(_Wire):
+    """One lease change of a batch: like `HeartbeatRequest`, with the job's id."""
+
+    id: uuid.UUID
+    receipt_handle: uuid.UUID
+    visibility_timeout: HeartbeatVisibilityTimeout
+
+
+class BatchHeartbeatRequest(_Wire):
+    """`POST /jobs/heartbeat` (SQS ChangeMessageVisibilityBatch): extend or release up to 100
+    leases in one statement (distinct ids)."""
+
+    entries: Annotated[list[HeartbeatEntry], Meta(min_length=1, max_length=CLAIM_MAX)]
+
+
+class HeartbeatResult(_Wire, omit_defaults=True):
+    """One batch-heartbeat outcome: 200 with the lease as it is now, 404 unknown job, 409
+    stale handle (the lease was lost)."""
+
+    id: uuid.UUID
+    status: int
+    job_status: JobStatus | None = None
+    visible_at: datetime | None = None
+    cancel_requested: bool = False
+
+
+class BatchHeartbeatResponse(_Wire):
+    """`POST /jobs/heartbeat` reply, in request order."""
+
+    results: list[HeartbeatResult]
 
 
 class CancelledRequest(_Wire):

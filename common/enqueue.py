@@ -24,16 +24,18 @@ WAKEUP_CHANNEL = "jobq_ready"
 
 _ENQUEUE = """
 WITH incoming AS (
-    SELECT * FROM jsonb_to_recordset(CAST({rows} AS jsonb)) AS j(
+    SELECT * FROM jsonb_to_recordset(CAST(CAST({rows} AS text) AS jsonb)) AS j(
         id uuid, queue text, task_type text, payload jsonb, priority int, delay float8,
         max_attempts int, timeout_seconds int, idempotency_key text, request_hash text)
 ), inserted AS (
     INSERT INTO job (id, queue, task_type, payload, status, priority, max_attempts,
-                     timeout_seconds, visible_at, idempotency_key, request_hash,
+                     timeout_seconds, visible_at, ready_at, idempotency_key, request_hash,
                      created_at, updated_at)
     SELECT id, queue, task_type, payload,
            CASE WHEN delay > 0 THEN 'SCHEDULED' ELSE 'PENDING' END,
            priority, max_attempts, timeout_seconds,
+           statement_timestamp() + make_interval(secs => delay),
+           -- A delayed job's ready time is set again when it is promoted.
            statement_timestamp() + make_interval(secs => delay),
            idempotency_key, request_hash, statement_timestamp(), statement_timestamp()
     FROM incoming

@@ -57,8 +57,8 @@ def _first_unstorable(value: Any, pointer: str, depth: int) -> tuple[str, str] |
     return None
 
 
-def check_payload(payload: dict[str, Any], pointer: str = "/payload") -> None:
-    """Raise unless `payload` can be stored exactly as given.
+def check_payload(payload: dict[str, Any], pointer: str = "/payload") -> int:
+    """Raise unless `payload` can be stored exactly as given; returns its JSON size in bytes.
 
     Raises PayloadTooLarge (413) when its JSON exceeds PAYLOAD_MAX_BYTES, and InvalidInput
     (422) when it nests deeper than PAYLOAD_MAX_DEPTH or holds a NUL character, an unpaired
@@ -76,3 +76,4 @@ def check_payload(payload: dict[str, Any], pointer: str = "/payload") -> None:
             f"payload is {size} bytes; the limit is {PAYLOAD_MAX_BYTES}",
             errors=[{"pointer": pointer, "detail": f"at most {PAYLOAD_MAX_BYTES} bytes"}],
         )
+    return size

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from infra.servers import ServerUnavailable, ensure_postgres, ensure_redis
 from infra.stack import ROOT, free_port
-from services.queue.repository import JobRepository
+from services.queue.repository import JobRepository, create_pool
 from services.queue.settings import async_database_url
 
 
@@ -114,9 +114,13 @@ async def engine(clean_database: str) -> AsyncIterator[AsyncEngine]:
 
 
 @pytest.fixture
-def repository(engine: AsyncEngine) -> JobRepository:
-    """The queue service's repository on the clean test database."""
-    return JobRepository(engine)
+async def repository(clean_database: str) -> AsyncIterator[JobRepository]:
+    """The queue service's repository on the clean test database (20 pooled connections)."""
+    pool = await create_pool(clean_database, size=20)
+    try:
+        yield JobRepository(pool)
+    finally:
+        await pool.close()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from common import contracts
 from common.access import role_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
-from common.http import make_client
+from common.http import ServiceClient
 from common.web import (
     exception_handlers,
     live,
@@ -45,13 +45,17 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         token = settings.queue_internal_token
-        async with make_client(
+        async with ServiceClient(
             settings.queue_service_url,
             token=token.get_secret_value() if token else None,
             timeout=settings.producer_forward_timeout,
         ) as http:
-            app.state.queue = QueueServiceClient(http, settings.producer_forward_timeout)
-            yield
+            client = QueueServiceClient(http, settings.producer_forward_timeout)
+            app.state.queue = client
+            try:
+                yield
+            finally:
+                await client.aclose()
 
     def provide_queue(state: State) -> QueueServiceClient:
         client: QueueServiceClient = state.queue

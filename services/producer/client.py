@@ -1,13 +1,22 @@
-"""The producer's typed client for the queue service."""
+"""The producer's typed client for the queue service.
+
+Single submits that arrive together are group-committed: they travel to the queue service as
+one `POST /jobs/batch` and become one multi-row insert there, and each caller is answered only
+after that insert committed (`common.coalesce`; docs/architecture.md#batching).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from dataclasses import dataclass
 
-import httpx
 import msgspec
 
+from common.coalesce import Coalescer
 from common.contracts import (
+    BATCH_MAX,
+    BatchEntryResult,
     BatchSubmitRequest,
     BatchSubmitResponse,
     EnqueueRequest,
@@ -17,60 +26,109 @@ from common.contracts import (
     RedriveResponse,
     SubmitJobResponse,
 )
-from common.http import call, decode
+from common.errors import JobqError, ServiceUnavailable, from_problem
+from common.http import ServiceClient, decode
+
+GROUP_COMMIT_MAX_BYTES = 4 * 1024 * 1024
+"""Payload bytes one group-committed forward carries at most (well under the queue service's
+body limit); a single larger submit still goes, alone."""
+
+_ENTRY_OVERHEAD_BYTES = 512
+"""Room for an entry's other fields when weighing a forward's size."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Forward:
+    request: EnqueueRequest
+    payload_bytes: int
 
 
 class QueueServiceClient:
-    """Forwards validated requests to the queue service over a pooled httpx client.
+    """Forwards validated requests to the queue service over a pooled `ServiceClient`.
 
     Errors are the `common.errors` classes the queue service answered with; an unreachable or
-    slow queue service is ServiceUnavailable (503 with Retry-After to the caller).
+    slow queue service is ServiceUnavailable (503 with Retry-After to the caller). `timeout`
+    (seconds) is the total deadline of one forward.
     """
 
-    def __init__(self, http: httpx.AsyncClient, timeout: float) -> None:
+    def __init__(self, http: ServiceClient, timeout: float) -> None:
         self._http = http
         self._timeout = timeout
+        self._submits: Coalescer[_Forward, BatchEntryResult] = Coalescer(
+            self._forward_batch,
+            max_batch=BATCH_MAX,
+            max_in_flight=4,
+            weight=lambda forward: forward.payload_bytes + _ENTRY_OVERHEAD_BYTES,
+            max_weight=GROUP_COMMIT_MAX_BYTES,
+        )
 
-    async def submit(self, request: EnqueueRequest) -> tuple[SubmitJobResponse, bool]:
-        """Create the job (or replay it); returns the reply and whether it was created (202)."""
-        response = await call(self._http, "POST", "/jobs", request, read_timeout=self._timeout)
-        return decode(response, SubmitJobResponse), response.status_code == 202
+    async def aclose(self) -> None:
+        """Finish the forwards under way."""
+        await self._submits.aclose()
+
+    async def submit(
+        self, request: EnqueueRequest, payload_bytes: int
+    ) -> tuple[SubmitJobResponse, bool]:
+        """Create the job (or replay it), group-committed with concurrent submits; returns the
+        reply and whether it was created (202). `payload_bytes` is the payload's JSON size.
+
+        Raises what the queue service answered for this entry (IdempotencyConflict, …), and
+        ServiceUnavailable when no answer came within the forward timeout (waiting for a
+        place in a forward included).
+        """
+        try:
+            async with asyncio.timeout(self._timeout):
+                result = await self._submits.submit(_Forward(request, payload_bytes))
+        except TimeoutError:
+            raise ServiceUnavailable("the queue service did not answer in time; retry") from None
+        if result.job_id is None or result.job_status is None:
+            raise from_problem(result.error, result.status)
+        return SubmitJobResponse(job_id=result.job_id, status=result.job_status), (
+            result.status == 202
+        )
+
+    async def _forward_batch(self, forwards: list[_Forward]) -> list[BatchEntryResult]:
+        reply = await self._post_batch([forward.request for forward in forwards], self._timeout)
+        by_index = {result.index: result for result in reply.results}
+        missing = BatchEntryResult(
+            index=-1, status=502, error=JobqError("no result for this entry").to_problem()
+        )
+        return [by_index.get(index, missing) for index in range(len(forwards))]
 
     async def submit_batch(self, requests: list[EnqueueRequest]) -> BatchSubmitResponse:
-        """Create many jobs in one call; results are indexed by position in `requests`."""
+        """Create many jobs in one call; results are indexed by position in `requests`. A
+        client's batch may be large (8 MiB), so it gets twice the forward timeout."""
+        return await self._post_batch(requests, self._timeout * 2)
+
+    async def _post_batch(
+        self, requests: list[EnqueueRequest], deadline: float
+    ) -> BatchSubmitResponse:
         body = BatchSubmitRequest(jobs=[msgspec.to_builtins(r) for r in requests])
-        response = await call(
-            self._http, "POST", "/jobs/batch", body, read_timeout=self._timeout * 2
-        )
-        return decode(response, BatchSubmitResponse)
+        reply = await self._http.call("POST", "/jobs/batch", body, deadline=deadline)
+        return decode(reply, BatchSubmitResponse)
 
     async def list_jobs(self, params: dict[str, str | int]) -> JobList:
         """One page of `GET /jobs` with the given (already validated) query parameters."""
-        response = await call(self._http, "GET", "/jobs", read_timeout=self._timeout, params=params)
-        return decode(response, JobList)
+        reply = await self._http.call("GET", "/jobs", deadline=self._timeout, params=params)
+        return decode(reply, JobList)
 
     async def get(self, job_id: uuid.UUID) -> JobView:
         """The job's view; raises JobNotFound."""
-        response = await call(self._http, "GET", f"/jobs/{job_id}", read_timeout=self._timeout)
-        return decode(response, JobView)
+        return decode(
+            await self._http.call("GET", f"/jobs/{job_id}", deadline=self._timeout), JobView
+        )
 
     async def act(self, job_id: uuid.UUID, action: str) -> JobView:
         """`POST /jobs/{id}/{action}` (`cancel` or `retry`) on the queue service."""
-        path = f"/jobs/{job_id}/{action}"
-        response = await call(self._http, "POST", path, read_timeout=self._timeout)
-        return decode(response, JobView)
+        reply = await self._http.call("POST", f"/jobs/{job_id}/{action}", deadline=self._timeout)
+        return decode(reply, JobView)
 
     async def redrive(self, request: RedriveRequest) -> RedriveResponse:
         """Move dead-lettered jobs back to PENDING. A large redrive runs in many batches, so it
         gets a longer timeout (60 s) than single-job calls."""
-        response = await call(
-            self._http, "POST", "/dead-letter/redrive", request, read_timeout=60.0
-        )
-        return decode(response, RedriveResponse)
+        reply = await self._http.call("POST", "/dead-letter/redrive", request, deadline=60.0)
+        return decode(reply, RedriveResponse)
 
     async def live(self) -> bool:
         """True when the queue service answers its liveness probe within 2 s."""
-        try:
-            return (await self._http.get("/health/live", timeout=2.0)).is_success
-        except httpx.HTTPError:
-            return False
+        return await self._http.live()

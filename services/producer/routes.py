@@ -13,7 +13,7 @@ from litestar.params import FromPath, JSONBody
 
 from common.access import ADMIN_ONLY
 from common.batch import decode_entries, entry_result, split_valid
-from common.bodies import strict_json
+from common.bodies import StrictJSON
 from common.contracts import (
     LIST_LIMIT_DEFAULT,
     BatchSubmitRequest,
@@ -50,7 +50,7 @@ class JobController(Controller):
     @post(
         "/",
         status_code=202,
-        middleware=[strict_json(SubmitJobRequest)],
+        dto=StrictJSON[SubmitJobRequest],
         summary="Submit a job",
         responses={
             200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
@@ -60,13 +60,16 @@ class JobController(Controller):
     async def submit(
         self, data: JSONBody[SubmitJobRequest], queue_client: NamedDependency[QueueServiceClient]
     ) -> Response[SubmitJobResponse]:
-        """Validate the job and hand it to the queue service.
+        """Validate the job and hand it to the queue service (group-committed with concurrent
+        submits; the reply comes after the insert committed).
 
         The job id is minted here, once, so a retried forward is a replay, never a duplicate.
         """
-        check_payload(data.payload)
+        size = check_payload(data.payload)
         fields = msgspec.structs.asdict(data)
-        reply, created = await queue_client.submit(EnqueueRequest(**fields, job_id=new_job_id()))
+        reply, created = await queue_client.submit(
+            EnqueueRequest(**fields, job_id=new_job_id()), size
+        )
         return Response(
             reply,
             status_code=202 if created else 200,
@@ -77,7 +80,7 @@ class JobController(Controller):
         "/batch",
         status_code=200,
         summary="Submit up to 500 jobs",
-        middleware=[strict_json(BatchSubmitRequest)],
+        dto=StrictJSON[BatchSubmitRequest],
         responses=problems(413, 415),
     )
     async def submit_batch(
@@ -167,7 +170,7 @@ class JobController(Controller):
 @post(
     "/dead-letter/redrive",
     status_code=200,
-    middleware=[strict_json(RedriveRequest)],
+    dto=StrictJSON[RedriveRequest],
     tags=["dead-letter"],
     summary="Redrive dead-lettered jobs; admin",
     responses=problems(403, 413, 415),

@@ -17,8 +17,6 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from prometheus_client import CollectorRegistry
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from common import contracts
 from common.access import token_guard
@@ -35,10 +33,10 @@ from services.queue.background import Reaper, Retention, Scheduler, every, refre
 from services.queue.depth import DepthCache
 from services.queue.metrics import QueueMetrics
 from services.queue.recurring import Recurring, parse_schedules
-from services.queue.repository import JobRepository
+from services.queue.repository import JobRepository, create_pool
 from services.queue.routes import JobController, queues, redrive
 from services.queue.service import QueueService
-from services.queue.settings import QueueSettings, async_database_url
+from services.queue.settings import QueueSettings, plain_database_url
 from services.queue.wakeup import WakeupHub, listen_forever
 
 logger = logging.getLogger(__name__)
@@ -65,10 +63,7 @@ async def ready(state: State) -> Response[dict[str, Any]]:
     status = 200
     try:
         async with asyncio.timeout(2):
-            async with state.engine.connect() as conn:
-                revision = (
-                    await conn.execute(text("SELECT version_num FROM alembic_version"))
-                ).scalar_one_or_none()
+            revision = await state.service.repository.schema_revision()
         if revision == state.head_revision:
             checks["database"] = "ok"
         else:
@@ -100,26 +95,15 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        engine = create_async_engine(
-            async_database_url(settings.database_url),
-            pool_size=settings.queue_db_pool_size,
-            max_overflow=0,
-            pool_pre_ping=False,
-            pool_timeout=10,
-            # Statement parameters hold job payloads: keep them out of logged errors.
-            hide_parameters=True,
-            connect_args={
-                "command_timeout": 30,
-                "server_settings": {"application_name": "jobq-queue"},
-            },
-        )
+        dsn = plain_database_url(settings.database_url)
+        pool = await create_pool(dsn, size=settings.queue_db_pool_size)
         redis_client = (
             aioredis.from_url(settings.redis_url, socket_timeout=1, socket_connect_timeout=1)
             if settings.redis_url
             else None
         )
         shutdown.clear()
-        repository = JobRepository(engine)
+        repository = JobRepository(pool)
         depth_cache = DepthCache(redis_client, ttl=settings.queue_depth_interval * 3)
         service = QueueService(repository, hub, settings, metrics, shutdown)
         reaper, scheduler = Reaper(repository, metrics), Scheduler(repository)
@@ -127,10 +111,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         retention = Retention(
             repository, settings.queue_retention, settings.queue_dead_letter_retention
         )
-        app.state.update(
-            engine=engine, service=service, depth_cache=depth_cache, head_revision=head_revision()
-        )
-        dsn = settings.database_url.replace("postgresql+asyncpg://", "postgresql://")
+        app.state.update(service=service, depth_cache=depth_cache, head_revision=head_revision())
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(listen_forever(dsn, hub, shutdown))
@@ -160,8 +141,9 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
                     yield
                 finally:
                     begin_shutdown()
+                    await service.aclose()
         finally:
-            await engine.dispose()
+            await pool.close()
             if redis_client is not None:
                 await redis_client.aclose()
 

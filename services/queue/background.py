@@ -46,7 +46,8 @@ class Reaper:
         self._metrics = metrics
 
     async def sweep(self) -> int:
-        """Reap every expired lease, in batches; returns how many were reaped."""
+        """Reap every expired lease, in batches; returns how many were reaped (the statement
+        also wakes claimers of the queues that got jobs back)."""
         total = 0
         while True:
             reaped = await self._repository.reap_expired(BATCH)

@@ -54,7 +54,9 @@ class Base(DeclarativeBase):
 
 class Job(Base):
     """One job. `visible_at` means: due time (SCHEDULED), ready since (PENDING), lease expiry
-    (PROCESSING); the finished states keep the last value."""
+    (PROCESSING); the finished states keep the last value. `ready_at` is when the job last
+    became claimable (enqueue, promotion, retry, redrive, release, expiry): the claim order
+    within a priority."""
 
     __tablename__ = "job"
 
@@ -69,6 +71,7 @@ class Job(Base):
     max_attempts: Mapped[int] = mapped_column(Integer)
     timeout_seconds: Mapped[int | None] = mapped_column(Integer)
     visible_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ready_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     lease_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     locked_by: Mapped[str | None] = mapped_column(Text)
@@ -85,11 +88,13 @@ class Job(Base):
     __table_args__ = (
         CheckConstraint(f"status IN {STATUSES!r}", name="status_known"),
         CheckConstraint("attempts >= 0 AND releases >= 0", name="counters_non_negative"),
-        # The claim reads ready rows only, best priority first, FIFO by id within a priority.
+        # The claim reads ready rows only: best priority first, then in the order jobs became
+        # ready (a retried or released job queues behind work already waiting), then by id.
         Index(
             "ix_job_claim",
             "queue",
             text("priority DESC"),
+            "ready_at",
             "id",
             postgresql_where=text("status = 'PENDING'"),
         ),

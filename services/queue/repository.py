@@ -1,8 +1,16 @@
 """All SQL of the queue service: one method per operation, each one atomic statement.
 
 Rules that decide *what* to do live in `service.py`; this module only knows *how* to make
-PostgreSQL do it safely under concurrency. Driver errors are translated here into the
-`common.errors` family, so nothing above this module imports sqlalchemy or asyncpg.
+PostgreSQL do it safely under concurrency. It talks to PostgreSQL through an asyncpg pool, one
+statement per round trip in autocommit (a single statement is its own transaction), so a claim
+or a settle costs one round trip and no BEGIN/COMMIT. Statements are prepared once per
+connection (asyncpg's statement cache). Driver errors are translated here into the
+`common.errors` family, so nothing above this module imports asyncpg.
+
+Every statement that makes jobs claimable sends its wake-up `pg_notify` itself, in the same
+statement, one notification per queue: nothing is woken for a change that did not commit.
+Arithmetic on row values is overflow-safe (bigint or clamped), so no single row, whatever its
+columns hold, can make a statement fail for every other job of its queue.
 """
 
 from __future__ import annotations
@@ -12,24 +20,18 @@ import contextlib
 import logging
 import random
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import asyncpg
 import msgspec
-from sqlalchemy import Executable, bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
-from sqlalchemy.engine import RowMapping
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.types import String
 
-from common.contracts import ERRORS_HISTORY_MAX, ErrorEntry, JobMessage, JobStatus, JobView
+from common.contracts import ERRORS_HISTORY_MAX, ErrorEntry, JobStatus, JobView
 from common.enqueue import (
-    ENQUEUE_NAMED,
-    FIND_EXISTING_NAMED,
+    ENQUEUE_ASYNCPG,
+    FIND_EXISTING_ASYNCPG,
     WAKEUP_CHANNEL,
     Existing,
     Inserted,
@@ -43,35 +45,76 @@ logger = logging.getLogger(__name__)
 LEASE_CAP_HOURS = 12
 """No lease extends past this many hours after its claim (as in SQS)."""
 
+INT_MAX = 2_147_483_647
+"""Largest value of a PostgreSQL `integer`; counters stop there instead of overflowing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A job one claim handed out: what the worker needs, nothing more.
+
+    `payload_json` is the payload's JSON text as stored, passed through to the worker without
+    being decoded and encoded again. `visibility_timeout` is in seconds.
+    """
+
+    id: uuid.UUID
+    task_type: str
+    payload_json: str
+    attempts: int
+    max_attempts: int
+    timeout_seconds: int | None
+    receipt_handle: uuid.UUID
+    visibility_timeout: int
+    visible_at: datetime
+    idempotency_key: str | None
+
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """A settle this call applied: the job as it is now, and (for an ack) seconds from
-    submit to completion."""
-
-    view: JobView
-    end_to_end_seconds: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Reaped:
-    """One expired lease the reaper handled: the job's queue, task type and new status."""
+    """One job a settle statement changed: its queue, task type and status now, its attempt,
+    its last error (for fails), and seconds from submit to completion (for acks)."""
 
     id: uuid.UUID
     queue: str
     task_type: str
     status: JobStatus
+    attempts: int = 0
+    last_error: str | None = None
+    end_to_end_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Extended:
-    """Outcome of a heartbeat: the job's status and lease end now, and any cancel request."""
+    """Outcome of one heartbeat: the job's status and lease end now, and any cancel request."""
 
+    id: uuid.UUID
     queue: str
     task_type: str
     status: JobStatus
     visible_at: datetime
     cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FailEntry:
+    """One failed attempt to record: `retry_after` (seconds) overrides the backoff; `jitter`
+    is the full-jitter factor u in (0, 1]."""
+
+    id: uuid.UUID
+    receipt_handle: uuid.UUID
+    error: str
+    retryable: bool
+    retry_after: float | None
+    jitter: float
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Retry backoff settings in seconds: ceiling = min(max_delay, base * multiplier^(a-1))."""
+
+    base_delay: float
+    multiplier: float
+    max_delay: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +127,7 @@ class DepthRow:
     oldest_age_seconds: float
 
 
-def _to_view(row: RowMapping) -> JobView:
+def _to_view(row: asyncpg.Record) -> JobView:
     return JobView(
         id=row["id"],
         queue=row["queue"],
@@ -116,62 +159,68 @@ _JOB_COLUMNS = (
     "updated_at, visible_at, claimed_at, finished_at, cancel_requested, lease_id"
 )
 
-_RETURNING_JOB = ", ".join("job." + c.strip() for c in _JOB_COLUMNS.split(","))
+_GET = f"SELECT {_JOB_COLUMNS} FROM job WHERE id = $1"
 
-_ENQUEUE = text(ENQUEUE_NAMED)
 
-_FIND_EXISTING = text(FIND_EXISTING_NAMED)
-
-_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
-
-_GET = text(f"SELECT {_JOB_COLUMNS} FROM job WHERE id = :id")
-
-_CLAIM = text(
-    f"""
-    WITH picked AS (
-        SELECT id FROM job
-        WHERE status = 'PENDING' AND queue = ANY(:queues)
-        -- Same order as ix_job_claim: best priority first, FIFO by (time-ordered) id.
-        ORDER BY priority DESC, id
-        LIMIT :max
-        -- Rows another claimer holds are skipped, not waited for: claimers never block
-        -- each other and never receive the same row.
-        FOR UPDATE SKIP LOCKED
+def _notify_ready(source: str) -> str:
+    """A CTE body sending one wake-up per queue for the PENDING rows of `source` (a CTE with
+    `queue` and `status` columns). The main query must read it, or PostgreSQL skips it."""
+    return (
+        f"SELECT pg_notify('{WAKEUP_CHANNEL}', queue || ':' || count(*)) FROM {source} "
+        "WHERE status = 'PENDING' GROUP BY queue"
     )
-    UPDATE job SET status = 'PROCESSING',
-                   attempts = job.attempts + 1,
-                   lease_id = gen_random_uuid(),
-                   locked_by = :worker,
-                   claimed_at = statement_timestamp(),
-                   visible_at = statement_timestamp() + make_interval(secs => :visibility_timeout),
-                   updated_at = statement_timestamp()
-    FROM picked WHERE job.id = picked.id
-    RETURNING {_RETURNING_JOB}
-    """
-).bindparams(bindparam("queues", type_=ARRAY(String)))
 
-_ACK = text(
-    f"""
-    UPDATE job SET status = 'COMPLETED',
-                   result = :result,
-                   locked_by = NULL,
-                   finished_at = statement_timestamp(),
-                   updated_at = statement_timestamp()
-    -- The receipt handle fences the settle: only the latest claim may complete the job.
-    WHERE id = :id AND lease_id = :lease_id AND status = 'PROCESSING'
-    RETURNING {_JOB_COLUMNS},
-              EXTRACT(EPOCH FROM statement_timestamp() - created_at)::float8 AS end_to_end
-    """
-).bindparams(bindparam("result", type_=JSONB))
 
-BACKOFF_CEILING_SQL = (
-    "LEAST(:max_delay, :base_delay * power(:multiplier, LEAST({attempt} - 1, 30)))"
+# The claim walks ix_job_claim once per queue asked for, in the index's own order, and merges
+# the walks: each queue's walk stops after `max` unlocked rows, so the cost is O(queues x max)
+# however long the backlog, never a sort of every waiting job. Rows locked by another claimer
+# are skipped, not waited for, so claimers never block each other and never share a row.
+# Rows a walk locked but the merge did not pick are unlocked at the end of the statement.
+_CLAIM = f"""
+WITH picked AS (
+    SELECT candidate.id
+    FROM unnest($1::text[]) AS wanted(queue)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, ready_at FROM job
+        WHERE status = 'PENDING' AND queue = wanted.queue
+        ORDER BY priority DESC, ready_at, id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ) AS candidate
+    ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id
+    LIMIT $2
 )
-"""The retry ceiling in seconds for `{attempt}` (1-based): min(max, base * mult^min(a - 1, 30)).
-
-Full jitter (AWS Architecture Blog, "Exponential Backoff And Jitter", 2015) multiplies it by
-u uniform in (0, 1], bound from Python. Capping the exponent keeps attempt 10,000 finite.
+UPDATE job SET status = 'PROCESSING',
+               attempts = LEAST(job.attempts, {INT_MAX} - 1) + 1,
+               lease_id = gen_random_uuid(),
+               locked_by = $3,
+               claimed_at = statement_timestamp(),
+               visible_at = statement_timestamp() + make_interval(secs => $4),
+               updated_at = statement_timestamp()
+FROM picked WHERE job.id = picked.id
+RETURNING job.id, job.task_type, job.payload::text AS payload_json, job.attempts,
+          job.max_attempts, job.timeout_seconds, job.lease_id, job.visible_at,
+          job.idempotency_key, job.priority, job.ready_at
 """
+
+# Each entry is fenced by its own receipt handle: only the latest claim may complete a job.
+_ACK = """
+WITH entries AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS e(id, receipt_handle, result)
+)
+UPDATE job SET status = 'COMPLETED',
+               result = CAST(entries.result AS jsonb),
+               locked_by = NULL,
+               finished_at = statement_timestamp(),
+               updated_at = statement_timestamp()
+FROM entries
+WHERE job.id = entries.id AND job.lease_id = entries.receipt_handle
+  AND job.status = 'PROCESSING'
+RETURNING job.id, job.queue, job.task_type, job.attempts,
+          EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end
+"""
+
+_LEASES = "SELECT id, lease_id, status FROM job WHERE id = ANY($1::uuid[])"
 
 
 def _append_error(entry: str) -> str:
@@ -182,93 +231,91 @@ def _append_error(entry: str) -> str:
     )
 
 
-_ACK_MANY = text(
-    f"""
-    WITH entries AS (
-        SELECT * FROM jsonb_to_recordset(CAST(:entries AS jsonb))
-            AS e(id uuid, receipt_handle uuid, result jsonb)
-    )
-    UPDATE job SET status = 'COMPLETED',
-                   result = entries.result,
-                   locked_by = NULL,
-                   finished_at = statement_timestamp(),
-                   updated_at = statement_timestamp()
-    FROM entries
-    -- Each entry is fenced by its own receipt handle, exactly like a single ack.
-    WHERE job.id = entries.id AND job.lease_id = entries.receipt_handle
-      AND job.status = 'PROCESSING'
-    RETURNING {_RETURNING_JOB},
-              EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end
-    """
+BACKOFF_CEILING_SQL = (
+    "LEAST({max_delay}, {base_delay} * power({multiplier},"
+    " GREATEST(0, LEAST({attempt}::bigint - 1, 30))))"
+)
+"""The retry ceiling in seconds for `{attempt}` (1-based): min(max, base * mult^min(a - 1, 30)),
+given SQL expressions for the attempt and the three settings.
+
+Full jitter (AWS Architecture Blog, "Exponential Backoff And Jitter", 2015) multiplies it by
+u uniform in (0, 1], bound from Python per entry. Capping the exponent keeps attempt 10,000
+finite.
+"""
+
+_FAIL_CEILING = BACKOFF_CEILING_SQL.format(
+    attempt="job.attempts", max_delay="$7", base_delay="$8", multiplier="$9"
 )
 
-_LEASES = text("SELECT id, lease_id, status FROM job WHERE id = ANY(:ids)").bindparams(
-    bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))
+# Workers' failure reports. A cancel requested meanwhile wins over a retry; `retry_after` (the
+# processor's own wish) wins over the backoff. Rows are locked in id order, so two batches
+# touching the same jobs wait for each other instead of deadlocking.
+_FAIL = f"""
+WITH entries AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[],
+                         $6::float8[])
+        AS e(id, receipt_handle, error, retryable, retry_after, jitter)
+), decided AS (
+    SELECT job.id, entries.error, entries.retry_after, entries.jitter,
+           CASE WHEN job.cancel_requested THEN 'CANCELLED'
+                WHEN NOT entries.retryable
+                     OR job.attempts::bigint - job.releases >= job.max_attempts THEN 'DEAD_LETTER'
+                ELSE 'SCHEDULED' END AS next_status
+    FROM job JOIN entries
+      ON job.id = entries.id AND job.lease_id = entries.receipt_handle
+    WHERE job.status = 'PROCESSING'
+    ORDER BY job.id
+    FOR UPDATE OF job
 )
-
-# A worker's failure report. A cancel requested meanwhile wins over a retry; `retry_after`
-# (the processor's own wish) wins over the backoff.
-_FAIL = text(
-    f"""
-    WITH decided AS (
-        SELECT id,
-               CASE WHEN cancel_requested THEN 'CANCELLED'
-                    WHEN NOT :retryable OR attempts - releases >= max_attempts THEN 'DEAD_LETTER'
-                    ELSE 'SCHEDULED' END AS next_status
-        FROM job
-        WHERE id = :id AND lease_id = :lease_id AND status = 'PROCESSING'
-        FOR UPDATE
+UPDATE job SET
+    status = decided.next_status,
+    visible_at = CASE WHEN decided.next_status = 'SCHEDULED'
+                 THEN statement_timestamp() + make_interval(secs => COALESCE(
+                     decided.retry_after,
+                     decided.jitter * {_FAIL_CEILING}))
+                 ELSE job.visible_at END,
+    finished_at = CASE WHEN decided.next_status <> 'SCHEDULED' THEN statement_timestamp() END,
+    last_error = decided.error,
+    errors = {
+    _append_error(
+        "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(),"
+        " 'error', decided.error)"
     )
-    UPDATE job SET
-        status = decided.next_status,
-        visible_at = CASE WHEN decided.next_status = 'SCHEDULED'
-                     THEN statement_timestamp() + make_interval(secs => COALESCE(
-                         CAST(:retry_after AS float8),
-                         :jitter * {BACKOFF_CEILING_SQL.format(attempt="job.attempts")}))
-                     ELSE job.visible_at END,
-        finished_at = CASE WHEN decided.next_status <> 'SCHEDULED'
-                           THEN statement_timestamp() END,
-        last_error = :error,
-        errors = {
-        _append_error(
-            "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(),"
-            " 'error', CAST(:error AS text))"
-        )
-    },
-        locked_by = NULL,
-        updated_at = statement_timestamp()
-    FROM decided WHERE job.id = decided.id
-    RETURNING {_RETURNING_JOB}
-    """
-)
+},
+    locked_by = NULL,
+    updated_at = statement_timestamp()
+FROM decided WHERE job.id = decided.id
+RETURNING job.id, job.queue, job.task_type, job.status, job.attempts, job.last_error
+"""
 
-_REAP = text(
-    f"""
-    WITH expired AS (
-        SELECT id,
-               CASE WHEN cancel_requested THEN 'CANCELLED'
-                    WHEN attempts - releases >= max_attempts THEN 'DEAD_LETTER'
-                    ELSE 'PENDING' END AS next_status
-        FROM job
-        WHERE status = 'PROCESSING' AND visible_at < statement_timestamp()
-        ORDER BY visible_at
-        LIMIT :batch
-        -- A row being acked right now is locked: skip it rather than wait. A row locked and
-        -- released after this snapshot is re-checked by the outer WHERE as it is now.
-        FOR UPDATE SKIP LOCKED
-    )
+_REAP = f"""
+WITH expired AS (
+    SELECT id,
+           CASE WHEN cancel_requested THEN 'CANCELLED'
+                WHEN attempts::bigint - releases >= max_attempts THEN 'DEAD_LETTER'
+                ELSE 'PENDING' END AS next_status
+    FROM job
+    WHERE status = 'PROCESSING' AND visible_at < statement_timestamp()
+    ORDER BY visible_at
+    LIMIT $1
+    -- A row being acked right now is locked: skip it rather than wait. A row locked and
+    -- released after this snapshot is re-checked by the outer WHERE as it is now.
+    FOR UPDATE SKIP LOCKED
+), reaped AS (
     UPDATE job SET
         status = expired.next_status,
         finished_at = CASE WHEN expired.next_status <> 'PENDING' THEN statement_timestamp() END,
-        -- Expired jobs are ready at once: the expiry consumed the attempt.
+        -- Expired jobs are ready at once (the expiry consumed the attempt), behind the work
+        -- already waiting.
         visible_at = statement_timestamp(),
+        ready_at = statement_timestamp(),
         last_error = 'lease expired: no ack, fail or heartbeat within the visibility timeout',
         errors = {
-        _append_error(
-            "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(),"
-            " 'error', 'lease expired')"
-        )
-    },
+    _append_error(
+        "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(),"
+        " 'error', 'lease expired')"
+    )
+},
         -- The lost lease's receipt handle must no longer settle the job.
         lease_id = NULL,
         locked_by = NULL,
@@ -277,33 +324,45 @@ _REAP = text(
     WHERE job.id = expired.id AND job.status = 'PROCESSING'
       AND job.visible_at < statement_timestamp()
     RETURNING job.id, job.queue, job.task_type, job.status
-    """
-)
+), woken AS ({_notify_ready("reaped")})
+SELECT reaped.*, (SELECT count(*) FROM woken) AS notified FROM reaped
+"""
 
 # SQS ChangeMessageVisibility: the new timeout counts from this call, the whole lease is capped
 # at 12 h from the claim, and 0 releases the job (counted in `releases`; past 3 x maxAttempts
 # releases the job is dead-lettered, so a job released on every shutdown cannot loop forever).
-_HEARTBEAT = text(
-    f"""
-    WITH decided AS (
-        SELECT id,
-               CASE WHEN :visibility_timeout > 0 THEN 'PROCESSING'
-                    WHEN cancel_requested THEN 'CANCELLED'
-                    WHEN releases + 1 > 3 * max_attempts THEN 'DEAD_LETTER'
-                    ELSE 'PENDING' END AS next_status
-        FROM job
-        WHERE id = :id AND lease_id = :lease_id AND status = 'PROCESSING'
-        FOR UPDATE
-    )
+# The 12 h cap is only computed for claims older than the new lease's length, so a claim time
+# near the end of the timestamp range cannot overflow.
+_HEARTBEAT = f"""
+WITH entries AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[])
+        AS e(id, receipt_handle, visibility_timeout)
+), decided AS (
+    SELECT job.id, entries.visibility_timeout,
+           statement_timestamp() + make_interval(secs => entries.visibility_timeout) AS lease_end,
+           CASE WHEN entries.visibility_timeout > 0 THEN 'PROCESSING'
+                WHEN job.cancel_requested THEN 'CANCELLED'
+                WHEN job.releases::bigint + 1 > 3 * job.max_attempts::bigint THEN 'DEAD_LETTER'
+                ELSE 'PENDING' END AS next_status
+    FROM job JOIN entries
+      ON job.id = entries.id AND job.lease_id = entries.receipt_handle
+    WHERE job.status = 'PROCESSING'
+    ORDER BY job.id
+    FOR UPDATE OF job
+), extended AS (
     UPDATE job SET
         status = decided.next_status,
-        releases = job.releases + CASE WHEN :visibility_timeout = 0 THEN 1 ELSE 0 END,
-        visible_at = CASE WHEN :visibility_timeout > 0
-                     THEN LEAST(statement_timestamp() + make_interval(secs => :visibility_timeout),
-                                job.claimed_at + interval '{LEASE_CAP_HOURS} hours')
-                     ELSE statement_timestamp() END,
-        lease_id = CASE WHEN :visibility_timeout > 0 THEN job.lease_id END,
-        locked_by = CASE WHEN :visibility_timeout > 0 THEN job.locked_by END,
+        releases = CASE WHEN decided.visibility_timeout = 0
+                        THEN LEAST(job.releases, {INT_MAX} - 1) + 1 ELSE job.releases END,
+        visible_at = CASE
+            WHEN decided.visibility_timeout = 0 THEN statement_timestamp()
+            WHEN job.claimed_at < decided.lease_end - interval '{LEASE_CAP_HOURS} hours'
+                THEN job.claimed_at + interval '{LEASE_CAP_HOURS} hours'
+            ELSE decided.lease_end END,
+        ready_at = CASE WHEN decided.next_status = 'PENDING' THEN statement_timestamp()
+                        ELSE job.ready_at END,
+        lease_id = CASE WHEN decided.visibility_timeout > 0 THEN job.lease_id END,
+        locked_by = CASE WHEN decided.visibility_timeout > 0 THEN job.locked_by END,
         finished_at = CASE WHEN decided.next_status IN ('CANCELLED', 'DEAD_LETTER')
                            THEN statement_timestamp() END,
         last_error = CASE WHEN decided.next_status = 'DEAD_LETTER'
@@ -311,181 +370,254 @@ _HEARTBEAT = text(
                           ELSE job.last_error END,
         updated_at = statement_timestamp()
     FROM decided WHERE job.id = decided.id
-    RETURNING job.queue, job.task_type, job.status, job.visible_at, job.cancel_requested
-    """
-)
+    RETURNING job.id, job.queue, job.task_type, job.status, job.visible_at, job.cancel_requested
+), woken AS ({_notify_ready("extended")})
+SELECT extended.*, (SELECT count(*) FROM woken) AS notified FROM extended
+"""
 
-_CANCEL = text(
-    f"""
-    UPDATE job SET
-        -- Waiting jobs end now; a running one is asked to stop (its worker confirms).
-        status = CASE WHEN status = 'PROCESSING' THEN status ELSE 'CANCELLED' END,
-        cancel_requested = (status = 'PROCESSING'),
-        finished_at = CASE WHEN status = 'PROCESSING' THEN NULL ELSE statement_timestamp() END,
-        updated_at = statement_timestamp()
-    WHERE id = :id AND status IN ('PENDING', 'SCHEDULED', 'PROCESSING')
-    RETURNING {_JOB_COLUMNS}
-    """
-)
+_CANCEL = f"""
+UPDATE job SET
+    -- Waiting jobs end now; a running one is asked to stop (its worker confirms).
+    status = CASE WHEN status = 'PROCESSING' THEN status ELSE 'CANCELLED' END,
+    cancel_requested = (status = 'PROCESSING'),
+    finished_at = CASE WHEN status = 'PROCESSING' THEN NULL ELSE statement_timestamp() END,
+    updated_at = statement_timestamp()
+WHERE id = $1 AND status IN ('PENDING', 'SCHEDULED', 'PROCESSING')
+RETURNING {_JOB_COLUMNS}
+"""
 
-_CONFIRM_CANCELLED = text(
-    f"""
-    UPDATE job SET status = 'CANCELLED', locked_by = NULL,
-                   finished_at = statement_timestamp(), updated_at = statement_timestamp()
-    WHERE id = :id AND lease_id = :lease_id AND status = 'PROCESSING'
-    RETURNING {_JOB_COLUMNS}
-    """
-)
+_CONFIRM_CANCELLED = """
+UPDATE job SET status = 'CANCELLED', locked_by = NULL,
+               finished_at = statement_timestamp(), updated_at = statement_timestamp()
+WHERE id = $1 AND lease_id = $2 AND status = 'PROCESSING'
+RETURNING id, queue, task_type, status, attempts
+"""
 
 _RESET_FOR_RETRY = """
         status = 'PENDING', attempts = 0, releases = 0, lease_id = NULL, locked_by = NULL,
         cancel_requested = false, result = NULL, claimed_at = NULL, finished_at = NULL,
-        visible_at = statement_timestamp(), updated_at = statement_timestamp()
+        visible_at = statement_timestamp(), ready_at = statement_timestamp(),
+        updated_at = statement_timestamp()
 """
 
 # Only a finished, unsuccessful job may run again: a live job must never get a second copy.
-_RETRY = text(
-    f"""
+_RETRY = f"""
+WITH retried AS (
     UPDATE job SET {_RESET_FOR_RETRY}
-    WHERE id = :id AND status IN ('DEAD_LETTER', 'CANCELLED')
+    WHERE id = $1 AND status IN ('DEAD_LETTER', 'CANCELLED')
     RETURNING {_JOB_COLUMNS}
-    """
-)
+), woken AS ({_notify_ready("retried")})
+SELECT retried.*, (SELECT count(*) FROM woken) AS notified FROM retried
+"""
 
-_REDRIVE = text(
-    f"""
-    WITH picked AS (
-        SELECT id FROM job
-        WHERE status = 'DEAD_LETTER'
-          AND (CAST(:queue AS text) IS NULL OR queue = :queue)
-          AND (CAST(:task_type AS text) IS NULL OR task_type = :task_type)
-        ORDER BY id
-        LIMIT :batch
-        FOR UPDATE SKIP LOCKED
-    )
+_REDRIVE = f"""
+WITH picked AS (
+    SELECT id FROM job
+    WHERE status = 'DEAD_LETTER'
+      AND ($1::text IS NULL OR queue = $1)
+      AND ($2::text IS NULL OR task_type = $2)
+    ORDER BY id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), moved AS (
     UPDATE job SET {_RESET_FOR_RETRY}
     FROM picked WHERE job.id = picked.id AND job.status = 'DEAD_LETTER'
-    RETURNING job.queue
-    """
+    RETURNING job.queue, job.status
+), woken AS ({_notify_ready("moved")})
+SELECT count(*) AS moved, (SELECT count(*) FROM woken) AS notified FROM moved
+"""
+
+_DELETE_FINISHED = """
+DELETE FROM job WHERE id IN (
+    SELECT id FROM job
+    -- Matches ix_job_retention's predicate, so this walks the index by finished_at.
+    WHERE status = ANY($1::text[])
+      AND finished_at < statement_timestamp() - make_interval(secs => $2)
+    ORDER BY finished_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
 )
+"""
 
-_DELETE_FINISHED = text(
-    """
-    DELETE FROM job WHERE id IN (
-        SELECT id FROM job
-        -- Matches ix_job_retention's predicate, so this walks the index by finished_at.
-        WHERE status = ANY(:statuses)
-          AND finished_at < statement_timestamp() - make_interval(secs => :older_than)
-        ORDER BY finished_at
-        LIMIT :batch
-        FOR UPDATE SKIP LOCKED
-    )
-    """
-).bindparams(bindparam("statuses", type_=ARRAY(String)))
-
-_PROMOTE = text(
-    """
-    WITH due AS (
-        SELECT id FROM job
-        WHERE status = 'SCHEDULED' AND visible_at <= statement_timestamp()
-        ORDER BY visible_at
-        LIMIT :batch
-        -- Several queue-service replicas promote concurrently; each takes different rows.
-        FOR UPDATE SKIP LOCKED
-    )
-    UPDATE job SET status = 'PENDING', updated_at = statement_timestamp()
+# A job becomes ready at the moment it came due, so it queues behind work that was waiting
+# before then and ahead of work submitted after.
+_PROMOTE = f"""
+WITH due AS (
+    SELECT id FROM job
+    WHERE status = 'SCHEDULED' AND visible_at <= statement_timestamp()
+    ORDER BY visible_at
+    LIMIT $1
+    -- Several queue-service replicas promote concurrently; each takes different rows.
+    FOR UPDATE SKIP LOCKED
+), promoted AS (
+    UPDATE job SET status = 'PENDING', ready_at = job.visible_at,
+                   updated_at = statement_timestamp()
     FROM due WHERE job.id = due.id AND job.status = 'SCHEDULED'
-    RETURNING job.queue
-    """
-)
+    RETURNING job.queue, job.status
+), woken AS ({_notify_ready("promoted")})
+SELECT queue, count(*) AS promoted, (SELECT count(*) FROM woken) AS notified
+FROM promoted GROUP BY queue
+"""
 
-_DEPTH = text(
-    """
-    SELECT queue, status, count(*) AS count,
-           COALESCE(EXTRACT(EPOCH FROM max(statement_timestamp() - visible_at)
-                                       FILTER (WHERE status = 'PENDING')), 0)::float8 AS oldest_age
-    FROM job
-    WHERE status IN ('PENDING', 'SCHEDULED', 'PROCESSING', 'DEAD_LETTER')
-    GROUP BY queue, status
-    """
-)
+_DEPTH = """
+SELECT queue, status, count(*) AS count,
+       COALESCE(EXTRACT(EPOCH FROM max(statement_timestamp() - visible_at)
+                                   FILTER (WHERE status = 'PENDING')), 0)::float8 AS oldest_age
+FROM job
+WHERE status IN ('PENDING', 'SCHEDULED', 'PROCESSING', 'DEAD_LETTER')
+GROUP BY queue, status
+"""
+
+_SCHEMA_REVISION = "SELECT version_num FROM alembic_version"
+
+CLAIM_STATEMENT = _CLAIM
+"""The claim statement itself, for plan-regression tests (EXPLAIN of the real statement)."""
 
 
 _CONTENTION = {"40P01", "40001"}
-"""deadlock_detected, serialization_failure: the transaction can simply be retried."""
+"""deadlock_detected, serialization_failure: the statement can simply be run again."""
 _CONTENTION_RETRIES = 3
 
+_UNAVAILABLE_STATES = {"57P01", "57P02", "57P03", "57014"}
+"""admin_shutdown, crash_shutdown, cannot_connect_now (starting, stopping or recovering), and
+query_canceled (statement_timeout): the database cannot serve this statement right now."""
 
-def _sqlstate(exc: DBAPIError) -> str | None:
-    original = getattr(exc, "orig", None)
-    code = getattr(original, "sqlstate", None) or getattr(original, "pgcode", None)
-    return str(code) if code else None
+
+def _unavailable(exc: BaseException) -> bool:
+    """True when `exc` means "the database cannot serve us right now": a lost or refused
+    connection, a server starting, stopping or out of connections, a pool or statement
+    timeout. Such errors are answered 503 with Retry-After, never 500."""
+    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError):
+        return True
+    if isinstance(exc, asyncpg.PostgresError):
+        state = exc.sqlstate or ""
+        # Class 08: connection exception; class 53: insufficient resources (too many
+        # connections, out of memory, disk full).
+        return state.startswith(("08", "53")) or state in _UNAVAILABLE_STATES
+    return False
 
 
 @contextlib.asynccontextmanager
 async def _translated() -> AsyncIterator[None]:
-    """Turn "database unreachable" driver errors into `ServiceUnavailable` (HTTP 503)."""
+    """Turn "database unavailable" driver errors into `ServiceUnavailable` (HTTP 503)."""
     try:
         yield
-    except (OperationalError, InterfaceError, OSError, TimeoutError) as exc:
-        logger.warning("database unavailable: %s", exc, extra={"event": "database_unavailable"})
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        if not _unavailable(exc):
+            raise
+        logger.warning(
+            "database unavailable: %s: %s",
+            type(exc).__name__,
+            exc,
+            extra={"event": "database_unavailable"},
+        )
         raise ServiceUnavailable("the database is unavailable; retry shortly") from exc
-    except DBAPIError as exc:
-        if exc.connection_invalidated:
-            raise ServiceUnavailable("the database connection was lost; retry shortly") from exc
-        raise
 
 
-async def _wake(conn: AsyncConnection, counts: Mapping[str, int]) -> None:
-    """Tell long-polling claimers on every replica how many jobs each queue just got; sent at
-    commit, so a rolled-back change wakes nobody."""
-    for queue, count in counts.items():
-        await conn.execute(_NOTIFY, {"channel": WAKEUP_CHANNEL, "payload": f"{queue}:{count}"})
+async def _init_connection(connection: asyncpg.Connection) -> None:
+    """Decode and encode jsonb with msgspec on every pooled connection."""
+    await connection.set_type_codec(
+        "jsonb",
+        encoder=lambda value: msgspec.json.encode(value).decode(),
+        decoder=msgspec.json.decode,
+        schema="pg_catalog",
+        format="text",
+    )
+
+
+async def _keep_session(connection: asyncpg.Connection) -> None:
+    """Pool release hook: nothing to reset. The repository never changes session state (no
+    SET, LISTEN or advisory locks on pooled connections), and asyncpg's default reset costs a
+    round trip per statement."""
+
+
+async def create_pool(
+    dsn: str,
+    *,
+    size: int,
+    command_timeout: float = 30.0,
+    server_settings: dict[str, str] | None = None,
+) -> asyncpg.Pool:
+    """An asyncpg pool of `size` connections to `dsn` for a `JobRepository`.
+
+    Connections are opened lazily, so the service starts (and reports not ready) while the
+    database is down. `command_timeout` (seconds) bounds every statement on the client side.
+
+    Sessions use generic plans for prepared statements (`plan_cache_mode`): every statement
+    here is planned once per connection instead of on each of its first executions and
+    whenever PostgreSQL prefers a custom plan, which for the claim cost more than running it.
+    """
+    pool = asyncpg.create_pool(
+        dsn,
+        min_size=0,
+        max_size=size,
+        command_timeout=command_timeout,
+        server_settings={
+            "application_name": "jobq-queue",
+            "plan_cache_mode": "force_generic_plan",
+            **(server_settings or {}),
+        },
+        init=_init_connection,
+        reset=_keep_session,
+    )
+    return await pool
+
+
+def _json_or_null(value: Any) -> str | None:
+    return None if value is None else msgspec.json.encode(value).decode()
 
 
 class JobRepository:
-    """PostgreSQL access for jobs, over one SQLAlchemy `AsyncEngine` (asyncpg driver)."""
+    """PostgreSQL access for jobs, over an asyncpg pool (see `create_pool`).
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    `acquire_timeout` (seconds) bounds the wait for a free pooled connection; a wait that runs
+    out is ServiceUnavailable, like an unreachable database.
+    """
+
+    def __init__(self, pool: asyncpg.Pool, acquire_timeout: float = 10.0) -> None:
+        self._pool = pool
+        self._acquire_timeout = acquire_timeout
 
     @contextlib.asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[AsyncConnection]:
-        async with _translated(), self._engine.begin() as conn:
-            yield conn
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        async with _translated():
+            # asyncio.timeout rather than acquire(timeout=…), which starts a task per call.
+            async with asyncio.timeout(self._acquire_timeout):
+                conn = await self._pool.acquire()
+            try:
+                yield conn
+            finally:
+                await self._pool.release(conn)
 
-    async def _first(self, statement: Executable, params: dict[str, Any]) -> RowMapping | None:
-        """Run one statement in its own transaction; its first row, if any."""
-        async with self._transaction() as conn:
-            return (await conn.execute(statement, params)).mappings().first()
+    async def _fetch(self, statement: str, *args: Any) -> list[asyncpg.Record]:
+        """Run one statement (its own transaction); all its rows."""
+        async with self._connection() as conn:
+            rows: list[asyncpg.Record] = await conn.fetch(statement, *args)
+            return rows
 
-    async def _rows(self, statement: Executable, params: dict[str, Any]) -> Sequence[RowMapping]:
-        """Run one statement in its own transaction; all its rows."""
-        async with self._transaction() as conn:
-            return (await conn.execute(statement, params)).mappings().all()
-
-    async def ping(self) -> None:
-        """Run `SELECT 1`; raises ServiceUnavailable when the database does not answer."""
-        async with self._transaction() as conn:
-            await conn.execute(text("SELECT 1"))
+    async def _fetchrow(self, statement: str, *args: Any) -> asyncpg.Record | None:
+        """Run one statement (its own transaction); its first row, if any."""
+        async with self._connection() as conn:
+            row: asyncpg.Record | None = await conn.fetchrow(statement, *args)
+            return row
 
     async def insert_many(self, rows: list[JobRow]) -> list[Inserted]:
         """Insert `rows` in one statement (which also wakes claimers of queues that got ready
         jobs). Returns the jobs created; a row whose id or idempotency key exists is skipped."""
         if not rows:
             return []
+        parameter = encode_rows(rows)
         for attempt in range(_CONTENTION_RETRIES):
             try:
-                async with self._transaction() as conn:
-                    result = await conn.execute(_ENQUEUE, {"rows": encode_rows(rows)})
-                    return [
-                        Inserted(r["id"], r["queue"], r["task_type"], JobStatus(r["status"]))
-                        for r in result.mappings().all()
-                    ]
-            except DBAPIError as exc:
+                result = await self._fetch(ENQUEUE_ASYNCPG, parameter)
+                return [
+                    Inserted(r["id"], r["queue"], r["task_type"], JobStatus(r["status"]))
+                    for r in result
+                ]
+            except asyncpg.PostgresError as exc:
                 # The statement orders its rows, so a deadlock needs an outside party; the
                 # loser is rolled back whole and simply tries again.
-                if _sqlstate(exc) not in _CONTENTION or attempt == _CONTENTION_RETRIES - 1:
+                if exc.sqlstate not in _CONTENTION or attempt == _CONTENTION_RETRIES - 1:
                     raise
                 await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
         raise AssertionError("unreachable")
@@ -499,43 +631,33 @@ class JobRepository:
         self, job_id: uuid.UUID, idempotency_key: str | None
     ) -> Existing | None:
         """The job holding this id or idempotency key (the id first), or None."""
-        async with self._transaction() as conn:
-            result = await conn.execute(_FIND_EXISTING, {"id": job_id, "key": idempotency_key})
-            row = result.mappings().first()
+        row = await self._fetchrow(FIND_EXISTING_ASYNCPG, job_id, idempotency_key)
         if row is None:
             return None
         return Existing(row["id"], JobStatus(row["status"]), row["request_hash"])
 
     async def get(self, job_id: uuid.UUID) -> tuple[JobView, uuid.UUID | None] | None:
         """The job and its current receipt handle (lease id), or None."""
-        row = await self._first(_GET, {"id": job_id})
+        row = await self._fetchrow(_GET, job_id)
         return None if row is None else (_to_view(row), row["lease_id"])
 
     async def claim(
         self, queues: Sequence[str], worker: str, max_jobs: int, visibility_timeout: int
-    ) -> list[JobMessage]:
+    ) -> list[Claimed]:
         """Claim up to `max_jobs` PENDING jobs from `queues` in one statement.
 
         Each claimed job becomes PROCESSING with `attempts + 1`, a new receipt handle and a
         lease ending `visibility_timeout` seconds from now (database time). Returns them in
-        claim order (priority descending, then id).
+        claim order: priority descending, then the time each became ready, then id.
         """
-        async with self._transaction() as conn:
-            result = await conn.execute(
-                _CLAIM,
-                {
-                    "queues": list(queues),
-                    "worker": worker,
-                    "max": max_jobs,
-                    "visibility_timeout": visibility_timeout,
-                },
-            )
-            rows = result.mappings().all()
-        messages = [
-            JobMessage(
+        names = list(dict.fromkeys(queues))
+        rows = await self._fetch(_CLAIM, names, max_jobs, worker, visibility_timeout)
+        rows.sort(key=lambda r: (-r["priority"], r["ready_at"], r["id"]))
+        return [
+            Claimed(
                 id=row["id"],
                 task_type=row["task_type"],
-                payload=row["payload"],
+                payload_json=row["payload_json"],
                 attempts=row["attempts"],
                 max_attempts=row["max_attempts"],
                 timeout_seconds=row["timeout_seconds"],
@@ -546,150 +668,137 @@ class JobRepository:
             )
             for row in rows
         ]
-        order = {row["id"]: (-row["priority"], row["id"]) for row in rows}
-        messages.sort(key=lambda m: order[m.id])
-        return messages
 
-    async def ack(self, job_id: uuid.UUID, lease_id: uuid.UUID, result: Any) -> Settled | None:
-        """Complete the job if `lease_id` is its current lease; None when nothing changed."""
-        row = await self._first(_ACK, {"id": job_id, "lease_id": lease_id, "result": result})
-        if row is None:
-            return None
-        return Settled(_to_view(row), end_to_end_seconds=row["end_to_end"])
-
-    async def ack_many(self, entries: list[dict[str, Any]]) -> list[Settled]:
-        """Complete every entry (`{"id", "receipt_handle", "result"}`) whose handle is current,
-        in one statement; returns the jobs this call completed."""
-        rows = await self._rows(_ACK_MANY, {"entries": msgspec.json.encode(entries).decode()})
-        return [Settled(_to_view(row), end_to_end_seconds=row["end_to_end"]) for row in rows]
+    async def ack_many(self, entries: Sequence[tuple[uuid.UUID, uuid.UUID, Any]]) -> list[Settled]:
+        """Complete every `(id, receipt handle, result)` whose handle is current, in one
+        statement; returns the jobs this call completed (with seconds from submit)."""
+        rows = await self._fetch(
+            _ACK,
+            [entry[0] for entry in entries],
+            [entry[1] for entry in entries],
+            [_json_or_null(entry[2]) for entry in entries],
+        )
+        return [
+            Settled(
+                r["id"],
+                r["queue"],
+                r["task_type"],
+                JobStatus.COMPLETED,
+                attempts=r["attempts"],
+                end_to_end_seconds=r["end_to_end"],
+            )
+            for r in rows
+        ]
 
     async def leases(
         self, ids: Sequence[uuid.UUID]
     ) -> dict[uuid.UUID, tuple[uuid.UUID | None, JobStatus]]:
         """{id: (current receipt handle, status)} for the jobs among `ids` that exist."""
-        async with self._transaction() as conn:
-            rows = (await conn.execute(_LEASES, {"ids": list(ids)})).all()
-        return {row.id: (row.lease_id, JobStatus(row.status)) for row in rows}
+        rows = await self._fetch(_LEASES, list(ids))
+        return {row["id"]: (row["lease_id"], JobStatus(row["status"])) for row in rows}
 
-    async def fail(
-        self,
-        job_id: uuid.UUID,
-        lease_id: uuid.UUID,
-        *,
-        error: str,
-        retryable: bool,
-        retry_after: float | None,
-        jitter: float,
-        base_delay: float,
-        multiplier: float,
-        max_delay: float,
-    ) -> Settled | None:
-        """Record a failed attempt if `lease_id` is current: SCHEDULED after a jittered backoff
-        (seconds), or DEAD_LETTER when not retryable or out of attempts. None when stale."""
-        params = {
-            "id": job_id,
-            "lease_id": lease_id,
-            "error": error,
-            "retryable": retryable,
-            "retry_after": retry_after,
-            "jitter": jitter,
-            "base_delay": base_delay,
-            "multiplier": multiplier,
-            "max_delay": max_delay,
-        }
-        row = await self._first(_FAIL, params)
-        return None if row is None else Settled(_to_view(row))
+    async def fail_many(self, entries: Sequence[FailEntry], backoff: Backoff) -> list[Settled]:
+        """Record failed attempts whose receipt handle is current, in one statement: each job
+        becomes SCHEDULED after its jittered backoff (seconds), or DEAD_LETTER when not
+        retryable or out of attempts, or CANCELLED when a cancel was requested. Returns the
+        jobs this call changed."""
+        rows = await self._fetch(
+            _FAIL,
+            [e.id for e in entries],
+            [e.receipt_handle for e in entries],
+            [e.error for e in entries],
+            [e.retryable for e in entries],
+            [e.retry_after for e in entries],
+            [e.jitter for e in entries],
+            backoff.max_delay,
+            backoff.base_delay,
+            backoff.multiplier,
+        )
+        return [
+            Settled(
+                r["id"],
+                r["queue"],
+                r["task_type"],
+                JobStatus(r["status"]),
+                attempts=r["attempts"],
+                last_error=r["last_error"],
+            )
+            for r in rows
+        ]
 
-    async def reap_expired(self, batch: int = 500) -> list[Reaped]:
-        """Return up to `batch` expired leases to PENDING, or DEAD_LETTER when out of attempts."""
-        rows = await self._rows(_REAP, {"batch": batch, "history": ERRORS_HISTORY_MAX})
-        return [Reaped(r["id"], r["queue"], r["task_type"], JobStatus(r["status"])) for r in rows]
+    async def heartbeat_many(
+        self, entries: Sequence[tuple[uuid.UUID, uuid.UUID, int]]
+    ) -> list[Extended]:
+        """For each `(id, receipt handle, visibility timeout)` whose handle is current: extend
+        the lease to that many seconds from now (capped at 12 h after the claim), or release
+        the job when it is 0. One statement; returns the jobs it changed."""
+        rows = await self._fetch(
+            _HEARTBEAT,
+            [entry[0] for entry in entries],
+            [entry[1] for entry in entries],
+            [entry[2] for entry in entries],
+        )
+        return [
+            Extended(
+                r["id"],
+                r["queue"],
+                r["task_type"],
+                JobStatus(r["status"]),
+                r["visible_at"],
+                r["cancel_requested"],
+            )
+            for r in rows
+        ]
+
+    async def reap_expired(self, batch: int = 500) -> list[Settled]:
+        """Return up to `batch` expired leases to PENDING, or DEAD_LETTER when out of attempts
+        (CANCELLED when a cancel was requested)."""
+        rows = await self._fetch(_REAP, batch)
+        return [Settled(r["id"], r["queue"], r["task_type"], JobStatus(r["status"])) for r in rows]
 
     async def promote_due(self, batch: int = 500) -> dict[str, int]:
-        """Promote up to `batch` due SCHEDULED jobs to PENDING and notify claimers, in one
-        transaction. Returns how many were promoted per queue."""
-        async with self._transaction() as conn:
-            rows = (await conn.execute(_PROMOTE, {"batch": batch})).all()
-            counts = Counter(queue for (queue,) in rows)
-            await _wake(conn, counts)
-        return dict(counts)
-
-    async def heartbeat(
-        self, job_id: uuid.UUID, lease_id: uuid.UUID, visibility_timeout: int
-    ) -> Extended | None:
-        """Extend the lease to `visibility_timeout` seconds from now (capped at 12 h after the
-        claim), or release the job when it is 0. None when `lease_id` is not current."""
-        async with self._transaction() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        _HEARTBEAT,
-                        {
-                            "id": job_id,
-                            "lease_id": lease_id,
-                            "visibility_timeout": visibility_timeout,
-                        },
-                    )
-                )
-                .mappings()
-                .first()
-            )
-            if row is None:
-                return None
-            if row["status"] == JobStatus.PENDING:
-                await _wake(conn, {row["queue"]: 1})
-        return Extended(
-            row["queue"],
-            row["task_type"],
-            JobStatus(row["status"]),
-            row["visible_at"],
-            row["cancel_requested"],
-        )
+        """Promote up to `batch` due SCHEDULED jobs to PENDING and wake their claimers, in one
+        statement. Returns how many were promoted per queue."""
+        rows = await self._fetch(_PROMOTE, batch)
+        return {row["queue"]: row["promoted"] for row in rows}
 
     async def cancel(self, job_id: uuid.UUID) -> JobView | None:
         """Cancel a waiting job, or ask a running one to stop; None when the job is finished
         or unknown."""
-        row = await self._first(_CANCEL, {"id": job_id})
+        row = await self._fetchrow(_CANCEL, job_id)
         return None if row is None else _to_view(row)
 
     async def confirm_cancelled(self, job_id: uuid.UUID, lease_id: uuid.UUID) -> Settled | None:
         """A worker stopped the job after a cancel request; None when `lease_id` is stale."""
-        row = await self._first(_CONFIRM_CANCELLED, {"id": job_id, "lease_id": lease_id})
-        return None if row is None else Settled(_to_view(row))
+        row = await self._fetchrow(_CONFIRM_CANCELLED, job_id, lease_id)
+        if row is None:
+            return None
+        return Settled(
+            row["id"], row["queue"], row["task_type"], JobStatus.CANCELLED, row["attempts"]
+        )
 
     async def retry(self, job_id: uuid.UUID) -> JobView | None:
         """Make a DEAD_LETTER or CANCELLED job PENDING again with attempts and releases reset;
         None when the job is in any other state or unknown."""
-        async with self._transaction() as conn:
-            row = (await conn.execute(_RETRY, {"id": job_id})).mappings().first()
-            if row is None:
-                return None
-            await _wake(conn, {row["queue"]: 1})
-        return _to_view(row)
+        row = await self._fetchrow(_RETRY, job_id)
+        return None if row is None else _to_view(row)
 
     async def redrive(self, queue: str | None, task_type: str | None, batch: int) -> int:
         """Move up to `batch` dead-lettered jobs (optionally of one queue / task type) back to
         PENDING in one statement; returns how many moved."""
-        async with self._transaction() as conn:
-            rows = (
-                await conn.execute(
-                    _REDRIVE, {"queue": queue, "task_type": task_type, "batch": batch}
-                )
-            ).all()
-            await _wake(conn, Counter(name for (name,) in rows))
-        return len(rows)
+        row = await self._fetchrow(_REDRIVE, queue, task_type, batch)
+        return int(row["moved"]) if row is not None else 0
 
     async def delete_finished(
         self, statuses: Sequence[JobStatus], older_than: float, batch: int
     ) -> int:
         """Delete up to `batch` jobs in `statuses` finished more than `older_than` seconds ago,
         oldest first, in one short statement; returns how many were deleted."""
-        async with self._transaction() as conn:
-            result = await conn.execute(
-                _DELETE_FINISHED,
-                {"statuses": [s.value for s in statuses], "older_than": older_than, "batch": batch},
+        async with self._connection() as conn:
+            status: str = await conn.execute(
+                _DELETE_FINISHED, [s.value for s in statuses], older_than, batch
             )
-        return int(result.rowcount)
+        return int(status.rsplit(" ", 1)[-1])
 
     async def list_jobs(
         self,
@@ -706,31 +815,33 @@ class JobRepository:
         (ix_job_status_id, ix_job_queue_id or the primary key, walked backwards).
         """
         conditions: list[str] = []
-        params: dict[str, Any] = {"limit": limit}
-        for column, value in (("status", status), ("queue", queue), ("task_type", task_type)):
+        args: list[Any] = []
+        filters = (("status", status), ("queue", queue), ("task_type", task_type), ("id <", before))
+        for column, value in filters:
             if value is not None:
-                conditions.append(f"{column} = :{column}")
-                params[column] = value
-        if before is not None:
-            conditions.append("id < :before")
-            params["before"] = before
+                args.append(value)
+                operator = "" if column.endswith("<") else " ="
+                conditions.append(f"{column}{operator} ${len(args)}")
         where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
-        statement = text(f"SELECT {_JOB_COLUMNS} FROM job {where} ORDER BY id DESC LIMIT :limit")
-        async with self._transaction() as conn:
-            rows = (await conn.execute(statement, params)).mappings().all()
-        return [_to_view(row) for row in rows]
+        args.append(limit)
+        statement = f"SELECT {_JOB_COLUMNS} FROM job {where} ORDER BY id DESC LIMIT ${len(args)}"
+        return [_to_view(row) for row in await self._fetch(statement, *args)]
 
     async def depth(self) -> list[DepthRow]:
         """Counts of live and dead-lettered jobs per (queue, status)."""
-        rows = await self._rows(_DEPTH, {})
+        rows = await self._fetch(_DEPTH)
         return [
             DepthRow(r["queue"], JobStatus(r["status"]), r["count"], r["oldest_age"]) for r in rows
         ]
 
     async def now(self) -> datetime:
         """The database's clock (`statement_timestamp()`), which decides every visibility."""
-        async with self._transaction() as conn:
-            value: datetime = (
-                await conn.execute(text("SELECT statement_timestamp()"))
-            ).scalar_one()
+        row = await self._fetchrow("SELECT statement_timestamp() AS now")
+        assert row is not None
+        value: datetime = row["now"]
         return value
+
+    async def schema_revision(self) -> str | None:
+        """The alembic revision the database is at (None before the first migration)."""
+        row = await self._fetchrow(_SCHEMA_REVISION)
+        return None if row is None else str(row["version_num"])

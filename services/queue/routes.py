@@ -1,34 +1,49 @@
-"""HTTP routes of the queue service: thin handlers that decode, call QueueService, encode."""
+"""HTTP routes of the queue service: thin handlers that decode, call QueueService, encode.
+
+Bodies are decoded once, strictly, after authentication (`common.bodies`). Claimed jobs are
+encoded with their payload passed through as the JSON text PostgreSQL stored, never decoded
+and encoded again on the hot path.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from litestar import Controller, Request, Response, get, post
+import msgspec
+from litestar import Controller, MediaType, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
 from common.batch import decode_entries, entry_result, split_valid
-from common.bodies import strict_json
+from common.bodies import ReportJSON, StrictJSON
 from common.contracts import (
     LIST_LIMIT_DEFAULT,
     AckRequest,
     BatchAckRequest,
     BatchAckResponse,
+    BatchFailRequest,
+    BatchFailResponse,
+    BatchHeartbeatRequest,
+    BatchHeartbeatResponse,
     BatchSubmitRequest,
     BatchSubmitResponse,
     CancelledRequest,
     ClaimRequest,
     ClaimResponse,
     EnqueueRequest,
+    FailEntry,
     FailRequest,
+    HeartbeatEntry,
     HeartbeatRequest,
     HeartbeatResponse,
+    HeartbeatResult,
     JobList,
     JobStatus,
     JobView,
@@ -49,7 +64,58 @@ from common.queries import (
 from common.web import problems
 from services.queue.depth import DepthCache, current_depth
 from services.queue.metrics import QueueMetrics
+from services.queue.repository import Claimed
 from services.queue.service import QueueService
+
+
+class _ClaimedJob(msgspec.Struct, rename="camel"):
+    """A `JobMessage` on its way out, with the payload as the stored JSON text."""
+
+    id: uuid.UUID
+    task_type: str
+    payload: msgspec.Raw
+    attempts: int
+    max_attempts: int
+    timeout_seconds: int | None
+    receipt_handle: uuid.UUID
+    visibility_timeout: int
+    visible_at: datetime
+    idempotency_key: str | None
+
+
+class _ClaimReply(msgspec.Struct):
+    jobs: list[_ClaimedJob]
+
+
+def _count_releases(metrics: QueueMetrics, results: Sequence[HeartbeatResult]) -> None:
+    """Count the leases a heartbeat of 0 ended (the job is no longer PROCESSING) in
+    `jobq_released_total`."""
+    ended = sum(1 for r in results if r.status == 200 and r.job_status is not JobStatus.PROCESSING)
+    if ended:
+        metrics.released.inc(ended)
+
+
+def encode_claimed(jobs: Sequence[Claimed]) -> bytes:
+    """The `ClaimResponse` JSON for `jobs`, each payload passed through as stored."""
+    return msgspec.json.encode(
+        _ClaimReply(
+            jobs=[
+                _ClaimedJob(
+                    id=job.id,
+                    task_type=job.task_type,
+                    payload=msgspec.Raw(job.payload_json.encode()),
+                    attempts=job.attempts,
+                    max_attempts=job.max_attempts,
+                    timeout_seconds=job.timeout_seconds,
+                    receipt_handle=job.receipt_handle,
+                    visibility_timeout=job.visibility_timeout,
+                    visible_at=job.visible_at,
+                    idempotency_key=job.idempotency_key,
+                )
+                for job in jobs
+            ]
+        )
+    )
 
 
 class JobController(Controller):
@@ -61,7 +127,7 @@ class JobController(Controller):
     @post(
         "/",
         status_code=202,
-        middleware=[strict_json(EnqueueRequest)],
+        dto=StrictJSON[EnqueueRequest],
         summary="Create a job (or replay a submit)",
         responses={
             200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
@@ -84,7 +150,7 @@ class JobController(Controller):
         status_code=200,
         summary="Create up to 500 jobs",
         responses=problems(413, 415),
-        middleware=[strict_json(BatchSubmitRequest)],
+        dto=StrictJSON[BatchSubmitRequest],
     )
     async def submit_batch(
         self, data: JSONBody[BatchSubmitRequest], service: NamedDependency[QueueService]
@@ -105,7 +171,7 @@ class JobController(Controller):
         "/ack",
         status_code=200,
         summary="Complete many jobs",
-        middleware=[strict_json(BatchAckRequest, surrogates="replace")],
+        dto=ReportJSON[BatchAckRequest],
         responses=problems(413, 415),
     )
     async def ack_many(
@@ -113,7 +179,40 @@ class JobController(Controller):
     ) -> BatchAckResponse:
         """Complete up to 100 jobs in one statement, each fenced by its receipt handle; one
         result per entry (200, 404 or 409), in request order."""
-        return await service.ack_many(data)
+        return await service.ack_many(data.entries)
+
+    @post(
+        "/fail",
+        status_code=200,
+        summary="Fail many attempts",
+        dto=ReportJSON[BatchFailRequest],
+        responses=problems(413, 415),
+    )
+    async def fail_many(
+        self, data: JSONBody[BatchFailRequest], service: NamedDependency[QueueService]
+    ) -> BatchFailResponse:
+        """Record up to 100 failed attempts in one statement, each fenced by its receipt
+        handle; one result per entry (200 with the job's status now, 404 or 409), in order."""
+        return await service.fail_many(data.entries)
+
+    @post(
+        "/heartbeat",
+        status_code=200,
+        summary="Extend or release many leases",
+        dto=StrictJSON[BatchHeartbeatRequest],
+        responses=problems(413, 415),
+    )
+    async def heartbeat_many(
+        self,
+        data: JSONBody[BatchHeartbeatRequest],
+        service: NamedDependency[QueueService],
+        metrics: NamedDependency[QueueMetrics],
+    ) -> BatchHeartbeatResponse:
+        """SQS ChangeMessageVisibilityBatch: up to 100 leases in one statement; one result per
+        entry (200 with the lease now and any cancel request, 404 or 409), in order."""
+        reply = await service.heartbeat_many(data.entries)
+        _count_releases(metrics, reply.results)
+        return reply
 
     @get("/", summary="List jobs (newest first)", responses=problems())
     async def list_jobs(
@@ -143,7 +242,7 @@ class JobController(Controller):
     @post(
         "/next",
         status_code=200,
-        middleware=[strict_json(ClaimRequest)],
+        dto=StrictJSON[ClaimRequest],
         summary="Claim jobs (long poll)",
         responses={
             204: ResponseSpec(None, description="No job arrived within waitSeconds"),
@@ -171,12 +270,14 @@ class JobController(Controller):
                 await disconnected
         if not jobs:
             return Response(None, status_code=204)
-        return Response(ClaimResponse(jobs=jobs), status_code=200)
+        # Encoded here (payloads passed through as stored); documented as ClaimResponse.
+        body: Any = encode_claimed(jobs)
+        return Response(body, status_code=200, media_type=MediaType.JSON)
 
     @post(
         "/{job_id:uuid}/ack",
         status_code=200,
-        middleware=[strict_json(AckRequest, surrogates="replace")],
+        dto=ReportJSON[AckRequest],
         summary="Complete a job",
         responses=problems(404, 409, 413, 415),
     )
@@ -187,12 +288,12 @@ class JobController(Controller):
         service: NamedDependency[QueueService],
     ) -> JobView:
         """Complete the job, fenced by its receipt handle; a replay returns the current view."""
-        return await service.ack(job_id, data)
+        return await service.ack(job_id, data.receipt_handle, data.result)
 
     @post(
         "/{job_id:uuid}/fail",
         status_code=200,
-        middleware=[strict_json(FailRequest, surrogates="replace")],
+        dto=ReportJSON[FailRequest],
         summary="Fail an attempt",
         responses=problems(404, 409, 413, 415),
     )
@@ -203,12 +304,19 @@ class JobController(Controller):
         service: NamedDependency[QueueService],
     ) -> JobView:
         """Record a failed attempt: retried after a jittered backoff, or dead-lettered."""
-        return await service.fail(job_id, data)
+        entry = FailEntry(
+            id=job_id,
+            receipt_handle=data.receipt_handle,
+            error=data.error,
+            retryable=data.retryable,
+            retry_after_seconds=data.retry_after_seconds,
+        )
+        return await service.fail(job_id, entry)
 
     @post(
         "/{job_id:uuid}/heartbeat",
         status_code=200,
-        middleware=[strict_json(HeartbeatRequest)],
+        dto=StrictJSON[HeartbeatRequest],
         summary="Extend or release a lease",
         responses=problems(404, 409, 413, 415),
     )
@@ -221,15 +329,25 @@ class JobController(Controller):
     ) -> HeartbeatResponse:
         """SQS ChangeMessageVisibility: the lease ends `visibilityTimeout` seconds from now
         (12 h cap from the claim); 0 releases the job. The reply carries `cancelRequested`."""
-        reply = await service.heartbeat(job_id, data)
-        if reply.status is not JobStatus.PROCESSING:
-            metrics.released.inc()
-        return reply
+        entry = HeartbeatEntry(
+            id=job_id,
+            receipt_handle=data.receipt_handle,
+            visibility_timeout=data.visibility_timeout,
+        )
+        result = await service.heartbeat(entry)
+        _count_releases(metrics, [result])
+        assert result.job_status is not None and result.visible_at is not None
+        return HeartbeatResponse(
+            visible_at=result.visible_at,
+            visibility_timeout=data.visibility_timeout,
+            cancel_requested=result.cancel_requested,
+            status=result.job_status,
+        )
 
     @post(
         "/{job_id:uuid}/cancelled",
         status_code=200,
-        middleware=[strict_json(CancelledRequest, surrogates="replace")],
+        dto=ReportJSON[CancelledRequest],
         summary="Confirm a cooperative cancel",
         responses=problems(404, 409, 413, 415),
     )
@@ -240,7 +358,7 @@ class JobController(Controller):
         service: NamedDependency[QueueService],
     ) -> JobView:
         """The worker stopped the job after a cancel request; the job ends CANCELLED."""
-        return await service.confirm_cancelled(job_id, data)
+        return await service.confirm_cancelled(job_id, data.receipt_handle)
 
     @post(
         "/{job_id:uuid}/cancel",
@@ -270,7 +388,7 @@ class JobController(Controller):
 @post(
     "/dead-letter/redrive",
     status_code=200,
-    middleware=[strict_json(RedriveRequest)],
+    dto=StrictJSON[RedriveRequest],
     tags=["dead-letter"],
     summary="Redrive dead-lettered jobs",
     responses=problems(413, 415),

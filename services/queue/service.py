@@ -1,7 +1,9 @@
-"""The queue's rules: enqueue with replay, long-poll claims, fenced acks and fails.
+"""The queue's rules: enqueue with replay, long-poll claims, fenced settles in batches.
 
 SQL lives in `repository.py`; this module decides what each request means (which status code,
-which settle is a replay, how long to wait) and keeps the metrics.
+which settle is a replay, how long to wait) and keeps the metrics. Single submits that arrive
+together are group-committed into one multi-row insert (`common.coalesce`); every settle route
+is a batch of one or more entries, answered after the statement that applied it committed.
 """
 
 from __future__ import annotations
@@ -11,25 +13,29 @@ import logging
 import random
 import time
 import uuid
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from common.coalesce import Coalescer
 from common.contracts import (
+    BATCH_MAX,
     ERROR_MAX_BYTES,
     REDRIVE_BATCH,
     RESULT_MAX_BYTES,
-    AckRequest,
+    AckEntry,
     AckResult,
-    BatchAckRequest,
     BatchAckResponse,
-    CancelledRequest,
+    BatchFailResponse,
+    BatchHeartbeatResponse,
     ClaimRequest,
     EnqueueRequest,
-    FailRequest,
-    HeartbeatRequest,
-    HeartbeatResponse,
+    FailEntry,
+    FailResult,
+    HeartbeatEntry,
+    HeartbeatResult,
     JobList,
-    JobMessage,
     JobStatus,
     JobView,
     SubmitJobResponse,
@@ -48,7 +54,16 @@ from common.ids import new_job_id
 from common.text import sanitize_result, sanitize_text
 from common.validation import check_payload
 from services.queue.metrics import QueueMetrics
-from services.queue.repository import JobRepository, Settled
+from services.queue.repository import (
+    Backoff,
+    Claimed,
+    Extended,
+    JobRepository,
+    Settled,
+)
+from services.queue.repository import (
+    FailEntry as FailRow,
+)
 from services.queue.settings import QueueSettings
 from services.queue.wakeup import WakeupHub
 
@@ -84,6 +99,25 @@ def _outcome(status: JobStatus) -> str:
             return "processing"
 
 
+def _raise_for(job_id: uuid.UUID, handle: uuid.UUID, status: int) -> None:
+    """Raise the error a single settle's per-entry `status` stands for (404, 409)."""
+    if status == 404:
+        raise JobNotFound(f"no job has id {job_id}")
+    if status == 409:
+        raise StaleReceiptHandle(
+            f"receipt handle {handle} is not the latest for job {job_id}: the lease was lost "
+            "and the job was handed out again or settled"
+        )
+
+
+def _distinct_ids(ids: Sequence[uuid.UUID]) -> None:
+    if len(set(ids)) != len(ids):
+        raise InvalidInput(
+            "each job may appear once per batch",
+            errors=[{"pointer": "/entries", "detail": "repeated id"}],
+        )
+
+
 class QueueService:
     """Queue operations over a `JobRepository`, with long polling through a `WakeupHub`."""
 
@@ -100,26 +134,43 @@ class QueueService:
         self._settings = settings
         self._metrics = metrics
         self._shutdown = shutdown
+        self._backoff = Backoff(
+            settings.queue_retry_base_delay,
+            settings.queue_retry_multiplier,
+            settings.queue_retry_max_delay,
+        )
+        self._submits: Coalescer[EnqueueRequest, Submitted] = Coalescer(
+            self._enqueue_batch, max_batch=BATCH_MAX, max_in_flight=2
+        )
+
+    async def aclose(self) -> None:
+        """Finish the group commits under way."""
+        await self._submits.aclose()
 
     async def enqueue(self, request: EnqueueRequest) -> Submitted:
         """Create one job, or recognise a replay of one created before (see `enqueue_many`).
 
-        Raises PayloadTooLarge/InvalidInput for a payload that cannot be stored,
-        IdempotencyConflict when the key belongs to a different request.
+        Concurrent calls are group-committed: they share one multi-row insert, and each gets
+        its answer after that insert committed. Raises PayloadTooLarge/InvalidInput for a
+        payload that cannot be stored, IdempotencyConflict when the key belongs to a
+        different request, ServiceUnavailable when the database is.
         """
-        [outcome] = await self.enqueue_many([request])
-        if isinstance(outcome, JobqError):
-            raise outcome
-        return outcome
+        check_payload(request.payload)
+        return await self._submits.submit(request)
 
-    async def enqueue_many(self, requests: list[EnqueueRequest]) -> list[Submitted | JobqError]:
+    async def _enqueue_batch(self, requests: list[EnqueueRequest]) -> list[Submitted | JobqError]:
+        return await self.enqueue_many(requests, checked=True)
+
+    async def enqueue_many(
+        self, requests: list[EnqueueRequest], *, checked: bool = False
+    ) -> list[Submitted | JobqError]:
         """Create jobs with one multi-row statement; one outcome per request, in order.
 
         A replay is the same job id (a retried forward) or the same idempotency key with the
         same request hash: the existing job's id and current status, `created=False`. A key
         repeated inside the batch is a replay of its first use. A key already used by a
         different request is IdempotencyConflict; an unstorable payload, PayloadTooLarge or
-        InvalidInput.
+        InvalidInput (skipped when the caller says the payloads are `checked`).
         """
         outcomes: list[Submitted | JobqError | None] = [None] * len(requests)
         rows: dict[int, JobRow] = {}
@@ -127,11 +178,12 @@ class QueueService:
         first_use: dict[str, int] = {}
         default_attempts = self._settings.queue_max_attempts
         for index, request in enumerate(requests):
-            try:
-                check_payload(request.payload)
-            except JobqError as exc:
-                outcomes[index] = exc
-                continue
+            if not checked:
+                try:
+                    check_payload(request.payload)
+                except JobqError as exc:
+                    outcomes[index] = exc
+                    continue
             row = job_row(request, request.job_id or new_job_id(), default_attempts)
             key = request.idempotency_key
             if key is not None and key in first_use:
@@ -166,14 +218,12 @@ class QueueService:
             created = {
                 job.id: job for job in await self.repository.insert_many(list(pending.values()))
             }
+            counts: Counter[tuple[str, str]] = Counter()
             vanished: dict[int, JobRow] = {}
             for index, row in pending.items():
                 job = created.get(row.id)
                 if job is not None:
-                    self._metrics.enqueued.labels(
-                        self._metrics.queue_label(job.queue),
-                        self._metrics.task_label(job.task_type),
-                    ).inc()
+                    counts[(job.queue, job.task_type)] += 1
                     outcomes[index] = Submitted(
                         SubmitJobResponse(job_id=job.id, status=job.status), True
                     )
@@ -186,6 +236,10 @@ class QueueService:
                 else:
                     reply = SubmitJobResponse(job_id=existing.id, status=existing.status)
                     outcomes[index] = Submitted(reply, False)
+            for (queue, task_type), count in counts.items():
+                self._metrics.enqueued.labels(
+                    self._metrics.queue_label(queue), self._metrics.task_label(task_type)
+                ).inc(count)
             pending = vanished
         for index in pending:
             outcomes[index] = ServiceUnavailable("could not settle a concurrent submission; retry")
@@ -215,7 +269,7 @@ class QueueService:
 
     async def claim(
         self, request: ClaimRequest, disconnected: asyncio.Future[Any] | None = None
-    ) -> list[JobMessage]:
+    ) -> list[Claimed]:
         """Claim up to `request.max` jobs, long-polling up to `request.wait_seconds`.
 
         Returns as soon as at least one job is claimed; an empty list when none arrived in
@@ -247,113 +301,137 @@ class QueueService:
         self._metrics.empty_claims.inc()
         return []
 
-    async def ack(self, job_id: uuid.UUID, request: AckRequest) -> JobView:
-        """Complete the job. A replay of an applied settle returns the current view.
-
-        Raises JobNotFound, or StaleReceiptHandle when the handle is not the job's latest.
-        """
-        result = sanitize_result(request.result, RESULT_MAX_BYTES)
-        settled = await self.repository.ack(job_id, request.receipt_handle, result)
-        if settled is None:
-            return await self._replay_or_stale(job_id, request.receipt_handle)
-        self._record(settled)
-        return settled.view
-
-    async def ack_many(self, request: BatchAckRequest) -> BatchAckResponse:
+    async def ack_many(self, entries: Sequence[AckEntry]) -> BatchAckResponse:
         """Complete many jobs in one statement, each fenced by its own receipt handle.
 
         Per entry: 200 when completed now or already settled with that handle (a replay), 404
         for an unknown job, 409 for a stale handle. Raises InvalidInput for repeated ids.
         """
-        ids = [entry.id for entry in request.entries]
-        if len(set(ids)) != len(ids):
-            raise InvalidInput(
-                "each job may appear once per batch",
-                errors=[{"pointer": "/entries", "detail": "repeated id"}],
-            )
-        rows = [
-            {
-                "id": str(entry.id),
-                "receipt_handle": str(entry.receipt_handle),
-                "result": sanitize_result(entry.result, RESULT_MAX_BYTES),
-            }
-            for entry in request.entries
-        ]
-        settled_now = await self.repository.ack_many(rows)
-        for settled in settled_now:
-            self._record(settled)
-        completed = {settled.view.id for settled in settled_now}
-        rest = [entry for entry in request.entries if entry.id not in completed]
-        leases = await self.repository.leases([entry.id for entry in rest]) if rest else {}
-        results = []
-        for entry in request.entries:
-            if entry.id in completed:
-                status = 200
-            elif entry.id not in leases:
-                status = 404
-            else:
-                handle, job_status = leases[entry.id]
-                replay = handle == entry.receipt_handle and job_status is not JobStatus.PROCESSING
-                status = 200 if replay else 409
-            results.append(AckResult(id=entry.id, status=status))
-        return BatchAckResponse(results=results)
+        _distinct_ids([entry.id for entry in entries])
+        settled = await self.repository.ack_many(
+            [
+                (entry.id, entry.receipt_handle, sanitize_result(entry.result, RESULT_MAX_BYTES))
+                for entry in entries
+            ]
+        )
+        self._record(settled)
+        done = {job.id for job in settled}
+        statuses = await self._replays(
+            [(entry.id, entry.receipt_handle) for entry in entries if entry.id not in done]
+        )
+        return BatchAckResponse(
+            results=[
+                AckResult(id=entry.id, status=200 if entry.id in done else statuses[entry.id][0])
+                for entry in entries
+            ]
+        )
 
-    async def fail(self, job_id: uuid.UUID, request: FailRequest) -> JobView:
-        """Record a failed attempt: SCHEDULED with jittered backoff, or DEAD_LETTER.
+    async def fail_many(self, entries: Sequence[FailEntry]) -> BatchFailResponse:
+        """Record many failed attempts in one statement: each job is SCHEDULED after a
+        jittered backoff, or DEAD_LETTER when not retryable or out of attempts (CANCELLED when
+        a cancel was requested meanwhile).
+
+        Per entry: 200 with the job's status now (also for a replay), 404, or 409 stale.
+        Raises InvalidInput for repeated ids.
+        """
+        _distinct_ids([entry.id for entry in entries])
+        rows = [
+            FailRow(
+                id=entry.id,
+                receipt_handle=entry.receipt_handle,
+                error=sanitize_text(entry.error, ERROR_MAX_BYTES) or "(no error text)",
+                retryable=entry.retryable,
+                retry_after=entry.retry_after_seconds,
+                # u in (0, 1]: a zero delay would put every failed job back at once.
+                jitter=1.0 - random.random(),
+            )
+            for entry in entries
+        ]
+        settled = {job.id: job for job in await self.repository.fail_many(rows, self._backoff)}
+        self._record(list(settled.values()))
+        statuses = await self._replays(
+            [(entry.id, entry.receipt_handle) for entry in entries if entry.id not in settled]
+        )
+        results = []
+        for entry in entries:
+            job = settled.get(entry.id)
+            if job is not None:
+                results.append(FailResult(id=entry.id, status=200, job_status=job.status))
+            else:
+                code, status = statuses[entry.id]
+                results.append(FailResult(id=entry.id, status=code, job_status=status))
+        return BatchFailResponse(results=results)
+
+    async def heartbeat_many(self, entries: Sequence[HeartbeatEntry]) -> BatchHeartbeatResponse:
+        """Extend leases from now (SQS ChangeMessageVisibilityBatch), or release jobs with 0,
+        in one statement. Per entry: 200 with the lease now, 404, or 409 when the lease was
+        lost. Raises InvalidInput for repeated ids."""
+        _distinct_ids([entry.id for entry in entries])
+        changed = {
+            job.id: job
+            for job in await self.repository.heartbeat_many(
+                [(e.id, e.receipt_handle, e.visibility_timeout) for e in entries]
+            )
+        }
+        self._record_releases(
+            [job for job in changed.values() if job.status is not JobStatus.PROCESSING]
+        )
+        missing = {entry.id for entry in entries if entry.id not in changed}
+        known = await self.repository.leases(list(missing)) if missing else {}
+        results = []
+        for entry in entries:
+            job = changed.get(entry.id)
+            if job is None:
+                status = 409 if entry.id in known else 404
+                results.append(HeartbeatResult(id=entry.id, status=status))
+            else:
+                results.append(
+                    HeartbeatResult(
+                        id=entry.id,
+                        status=200,
+                        job_status=job.status,
+                        visible_at=job.visible_at,
+                        cancel_requested=job.cancel_requested,
+                    )
+                )
+        return BatchHeartbeatResponse(results=results)
+
+    async def release_all(self, jobs: Sequence[Claimed]) -> None:
+        """Release jobs claimed for a client that went away before receiving them."""
+        if jobs:
+            await self.heartbeat_many(
+                [
+                    HeartbeatEntry(
+                        id=job.id, receipt_handle=job.receipt_handle, visibility_timeout=0
+                    )
+                    for job in jobs
+                ]
+            )
+
+    async def ack(self, job_id: uuid.UUID, handle: uuid.UUID, result: Any) -> JobView:
+        """Complete one job; a replay of an applied settle returns the current view.
 
         Raises JobNotFound, or StaleReceiptHandle when the handle is not the job's latest.
         """
-        settings = self._settings
-        settled = await self.repository.fail(
-            job_id,
-            request.receipt_handle,
-            error=sanitize_text(request.error, ERROR_MAX_BYTES) or "(no error text)",
-            retryable=request.retryable,
-            retry_after=request.retry_after_seconds,
-            # u in (0, 1]: a zero delay would put every failed job back at once.
-            jitter=1.0 - random.random(),
-            base_delay=settings.queue_retry_base_delay,
-            multiplier=settings.queue_retry_multiplier,
-            max_delay=settings.queue_retry_max_delay,
-        )
-        if settled is None:
-            return await self._replay_or_stale(job_id, request.receipt_handle)
-        self._record(settled)
-        return settled.view
+        reply = await self.ack_many([AckEntry(id=job_id, receipt_handle=handle, result=result)])
+        return await self._view_after(job_id, handle, reply.results[0].status)
 
-    async def heartbeat(self, job_id: uuid.UUID, request: HeartbeatRequest) -> HeartbeatResponse:
-        """Extend the lease from now (SQS ChangeMessageVisibility), or release the job with 0.
+    async def fail(self, job_id: uuid.UUID, entry: FailEntry) -> JobView:
+        """Record one failed attempt (see `fail_many`); returns the job's view.
+
+        Raises JobNotFound, or StaleReceiptHandle when the handle is not the job's latest.
+        """
+        reply = await self.fail_many([entry])
+        return await self._view_after(job_id, entry.receipt_handle, reply.results[0].status)
+
+    async def heartbeat(self, entry: HeartbeatEntry) -> HeartbeatResult:
+        """Extend one lease from now, or release the job with 0 (see `heartbeat_many`).
 
         Raises JobNotFound, or StaleReceiptHandle when the lease was lost.
         """
-        extended = await self.repository.heartbeat(
-            job_id, request.receipt_handle, request.visibility_timeout
-        )
-        if extended is None:
-            await self._raise_stale(job_id, request.receipt_handle)
-        assert extended is not None
-        if extended.status is not JobStatus.PROCESSING:
-            queue = self._metrics.queue_label(extended.queue)
-            task = self._metrics.task_label(extended.task_type)
-            outcome = _outcome(extended.status)
-            if outcome != "retry":
-                self._metrics.processed.labels(queue, task, outcome).inc()
-            logger.info(
-                "job released: now %s",
-                extended.status,
-                extra={"event": "job_released", "job_id": str(job_id)},
-            )
-        return HeartbeatResponse(
-            visible_at=extended.visible_at,
-            visibility_timeout=request.visibility_timeout,
-            cancel_requested=extended.cancel_requested,
-            status=extended.status,
-        )
-
-    async def release_all(self, jobs: list[JobMessage]) -> None:
-        """Release jobs claimed for a client that went away before receiving them."""
-        for job in jobs:
-            await self.repository.heartbeat(job.id, job.receipt_handle, 0)
+        [result] = (await self.heartbeat_many([entry])).results
+        _raise_for(entry.id, entry.receipt_handle, result.status)
+        return result
 
     async def cancel(self, job_id: uuid.UUID) -> JobView:
         """Cancel a PENDING/SCHEDULED job at once; ask a PROCESSING one to stop (its worker
@@ -371,13 +449,15 @@ class QueueService:
             ).inc()
         return view
 
-    async def confirm_cancelled(self, job_id: uuid.UUID, request: CancelledRequest) -> JobView:
-        """The worker stopped the job after a cancel request: it ends CANCELLED."""
-        settled = await self.repository.confirm_cancelled(job_id, request.receipt_handle)
-        if settled is None:
-            return await self._replay_or_stale(job_id, request.receipt_handle)
-        self._record(settled)
-        return settled.view
+    async def confirm_cancelled(self, job_id: uuid.UUID, handle: uuid.UUID) -> JobView:
+        """The worker stopped the job after a cancel request: it ends CANCELLED. A replay
+        returns the current view; raises JobNotFound or StaleReceiptHandle."""
+        settled = await self.repository.confirm_cancelled(job_id, handle)
+        if settled is not None:
+            self._record([settled])
+            return await self.get(job_id)
+        status, _ = (await self._replays([(job_id, handle)]))[job_id]
+        return await self._view_after(job_id, handle, status)
 
     async def retry(self, job_id: uuid.UUID) -> JobView:
         """Run a DEAD_LETTER or CANCELLED job again (attempts and releases reset). Raises
@@ -395,7 +475,7 @@ class QueueService:
 
     async def redrive(self, queue: str | None, task_type: str | None, limit: int | None) -> int:
         """Move dead-lettered jobs back to PENDING, `limit` in all (default: every one), in
-        batches of at most 500, each its own short transaction. Returns how many moved."""
+        batches of at most 500, each its own short statement. Returns how many moved."""
         moved = 0
         while limit is None or moved < limit:
             batch = REDRIVE_BATCH if limit is None else min(REDRIVE_BATCH, limit - moved)
@@ -410,37 +490,71 @@ class QueueService:
         )
         return moved
 
-    async def _raise_stale(self, job_id: uuid.UUID, handle: uuid.UUID) -> None:
-        found = await self.repository.get(job_id)
-        if found is None:
-            raise JobNotFound(f"no job has id {job_id}")
-        raise StaleReceiptHandle(
-            f"receipt handle {handle} no longer holds job {job_id} (now {found[0].status}): "
-            "it was settled, released or handed out again"
-        )
+    async def _replays(
+        self, entries: Sequence[tuple[uuid.UUID, uuid.UUID]]
+    ) -> dict[uuid.UUID, tuple[int, JobStatus | None]]:
+        """For settles that changed nothing: 200 when the handle settled the job already (a
+        replay, with the job's status), 404 for an unknown job, 409 for a stale handle."""
+        if not entries:
+            return {}
+        leases = await self.repository.leases([job_id for job_id, _ in entries])
+        answers: dict[uuid.UUID, tuple[int, JobStatus | None]] = {}
+        for job_id, handle in entries:
+            if job_id not in leases:
+                answers[job_id] = (404, None)
+                continue
+            current, status = leases[job_id]
+            replay = current == handle and status is not JobStatus.PROCESSING
+            answers[job_id] = (200, status) if replay else (409, status)
+        return answers
 
-    async def _replay_or_stale(self, job_id: uuid.UUID, handle: uuid.UUID) -> JobView:
-        found = await self.repository.get(job_id)
-        if found is None:
-            raise JobNotFound(f"no job has id {job_id}")
-        view, lease_id = found
-        if lease_id == handle and view.status is not JobStatus.PROCESSING:
-            return view
-        raise StaleReceiptHandle(
-            f"receipt handle {handle} is not the latest for job {job_id}: the lease was lost "
-            "and the job was handed out again or settled"
-        )
+    async def _view_after(self, job_id: uuid.UUID, handle: uuid.UUID, status: int) -> JobView:
+        """The job's view after a single settle was answered `status` (200, 404 or 409)."""
+        _raise_for(job_id, handle, status)
+        return await self.get(job_id)
 
-    def _record(self, settled: Settled) -> None:
-        view = settled.view
-        queue = self._metrics.queue_label(view.queue)
-        task = self._metrics.task_label(view.task_type)
-        outcome = _outcome(view.status)
-        self._metrics.processed.labels(queue, task, outcome).inc()
-        if settled.end_to_end_seconds is not None:
-            self._metrics.end_to_end.labels(queue, task).observe(settled.end_to_end_seconds)
-        log_extra = {"event": f"job_{outcome}", "job_id": str(view.id), "attempt": view.attempts}
-        if view.status is JobStatus.DEAD_LETTER:
-            logger.error("job dead-lettered: %s", view.last_error, extra=log_extra)
-        elif outcome == "retry":
-            logger.warning("job will retry: %s", view.last_error, extra=log_extra)
+    def _record(self, settled: Sequence[Settled]) -> None:
+        """Count settled attempts by outcome, observe end-to-end times, log retries (WARNING)
+        and dead letters (ERROR)."""
+        counts: Counter[tuple[str, str, str]] = Counter()
+        metrics = self._metrics
+        for job in settled:
+            queue, task = metrics.queue_label(job.queue), metrics.task_label(job.task_type)
+            outcome = _outcome(job.status)
+            counts[(queue, task, outcome)] += 1
+            if job.end_to_end_seconds is not None:
+                metrics.end_to_end.labels(queue, task).observe(job.end_to_end_seconds)
+            if job.status is JobStatus.DEAD_LETTER:
+                logger.error(
+                    "job dead-lettered: %s",
+                    job.last_error,
+                    extra={
+                        "event": "job_dead_letter",
+                        "job_id": str(job.id),
+                        "attempt": job.attempts,
+                    },
+                )
+            elif outcome == "retry":
+                logger.warning(
+                    "job will retry: %s",
+                    job.last_error,
+                    extra={"event": "job_retry", "job_id": str(job.id), "attempt": job.attempts},
+                )
+        for (queue, task, outcome), count in counts.items():
+            metrics.processed.labels(queue, task, outcome).inc(count)
+
+    def _record_releases(self, released: Sequence[Extended]) -> None:
+        """Count releases that ended a job (cancelled, dead-lettered) and log each release."""
+        for job in released:
+            outcome = _outcome(job.status)
+            if outcome != "retry":
+                self._metrics.processed.labels(
+                    self._metrics.queue_label(job.queue),
+                    self._metrics.task_label(job.task_type),
+                    outcome,
+                ).inc()
+            logger.info(
+                "job released: now %s",
+                job.status,
+                extra={"event": "job_released", "job_id": str(job.id)},
+            )

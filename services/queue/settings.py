@@ -10,12 +10,26 @@ DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/jobq"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
-def async_database_url(url: str) -> str:
-    """Return `url` with the asyncpg driver SQLAlchemy needs (`postgresql+asyncpg://…`)."""
-    for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
+_SCHEMES = ("postgresql+asyncpg://", "postgresql://", "postgres://")
+
+
+def _rest(url: str) -> str:
+    for prefix in _SCHEMES:
         if url.startswith(prefix):
-            return "postgresql+asyncpg://" + url[len(prefix) :]
+            return url[len(prefix) :]
     raise ValueError(f"DATABASE_URL must start with postgresql://, got {url.split(':', 1)[0]!r}")
+
+
+def async_database_url(url: str) -> str:
+    """Return `url` with the asyncpg driver SQLAlchemy needs (`postgresql+asyncpg://…`), for
+    alembic. Raises ValueError for a URL that is not PostgreSQL's."""
+    return "postgresql+asyncpg://" + _rest(url)
+
+
+def plain_database_url(url: str) -> str:
+    """Return `url` as libpq and asyncpg spell it (`postgresql://…`). Raises ValueError for a
+    URL that is not PostgreSQL's."""
+    return "postgresql://" + _rest(url)
 
 
 class QueueSettings(BaseServiceSettings):

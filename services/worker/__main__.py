@@ -8,9 +8,10 @@ import signal
 
 import httpx
 import uvicorn
+import uvloop
 from prometheus_client import CollectorRegistry
 
-from common.http import make_client
+from common.http import ServiceClient
 from common.logging import configure_logging
 from common.settings import load_settings
 from services.worker.app import EmbeddedServer, create_app
@@ -37,18 +38,17 @@ async def run(settings: WorkerSettings) -> None:
         trust_env=False, follow_redirects=False, timeout=settings.webhook_timeout
     )
     token = settings.queue_internal_token
-    queue_http = make_client(
+    queue_http = ServiceClient(
         settings.queue_service_url, token=token.get_secret_value() if token else None
     )
     async with queue_http, outbound:
         processors = build_registry(settings, outbound)
-        worker = Worker(
-            settings, QueueClient(queue_http, settings.worker_name), processors, metrics
-        )
+        client = QueueClient(queue_http, settings.worker_name)
+        worker = Worker(settings, client, processors, metrics)
         server = None
         if settings.worker_metrics_port:
             config = uvicorn.Config(
-                create_app(registry, queue_http),
+                create_app(registry, client),
                 host=settings.worker_metrics_host,
                 port=settings.worker_metrics_port,
                 log_config=None,
@@ -77,7 +77,9 @@ def main() -> None:
     """Entry point: settings from the environment, JSON or text logs, then `run`."""
     settings = load_settings(WorkerSettings)
     configure_logging(settings.log_level, settings.log_format)
-    asyncio.run(run(settings))
+    # uvloop, as uvicorn uses for the HTTP services: a cheaper event loop per job.
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run(settings))
 
 
 if __name__ == "__main__":

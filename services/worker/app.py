@@ -5,24 +5,20 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-import httpx
 import uvicorn
 from litestar import Litestar, Response, get
 from prometheus_client import CollectorRegistry
 
 from common.web import live, metrics_route
+from services.worker.client import QueueClient
 
 
-def create_app(registry: CollectorRegistry, http: httpx.AsyncClient) -> Litestar:
+def create_app(registry: CollectorRegistry, client: QueueClient) -> Litestar:
     """Metrics and health for one worker; ready means the queue service answers."""
 
     @get("/health/ready", include_in_schema=False)
     async def ready() -> Response[dict[str, Any]]:
-        try:
-            reply = await http.get("/health/live", timeout=2.0)
-            ok = reply.is_success
-        except httpx.HTTPError:
-            ok = False
+        ok = await client.live()
         body = {
             "status": "ok" if ok else "unavailable",
             "queueService": "ok" if ok else "unreachable",

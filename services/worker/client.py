@@ -1,31 +1,47 @@
-"""The worker's typed client for the queue service's worker endpoints."""
+"""The worker's typed client for the queue service's worker endpoints.
+
+Settles travel in batches (`POST /jobs/ack`, `/jobs/fail`, `/jobs/heartbeat`): `Settler`
+coalesces the reports of concurrently finishing jobs into one request per kind, and answers
+each job only after the request that carried its report returned (docs/architecture.md#batching).
+"""
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
-import httpx
-
+from common.coalesce import Coalescer
 from common.contracts import (
-    AckRequest,
+    CLAIM_MAX,
+    AckEntry,
+    AckResult,
+    BatchAckRequest,
+    BatchAckResponse,
+    BatchFailRequest,
+    BatchFailResponse,
+    BatchHeartbeatRequest,
+    BatchHeartbeatResponse,
     CancelledRequest,
     ClaimRequest,
     ClaimResponse,
-    FailRequest,
-    HeartbeatRequest,
-    HeartbeatResponse,
+    FailEntry,
+    FailResult,
+    HeartbeatEntry,
+    HeartbeatResult,
     JobMessage,
     JobView,
 )
-from common.http import call, decode
+from common.errors import JobNotFound, StaleReceiptHandle
+from common.http import ServiceClient, decode
+
+_READ_MARGIN = 10.0
+"""Seconds a claim's deadline exceeds its long-poll wait, so the server ends the poll."""
 
 
 class QueueClient:
     """Claims and settles jobs over HTTP. Errors are `common.errors` classes
-    (StaleReceiptHandle for a lost lease, ServiceUnavailable when the queue is unreachable)."""
+    (ServiceUnavailable when the queue service is unreachable or answers 5xx)."""
 
-    def __init__(self, http: httpx.AsyncClient, worker: str) -> None:
+    def __init__(self, http: ServiceClient, worker: str) -> None:
         self._http = http
         self._worker = worker
 
@@ -38,7 +54,7 @@ class QueueClient:
     ) -> list[JobMessage]:
         """Long-poll for up to `max_jobs` jobs; [] when none arrived within `wait_seconds`.
 
-        The read timeout is set above the wait, so the server, not the client, ends the poll.
+        The call's deadline is set above the wait, so the server, not the client, ends the poll.
         """
         request = ClaimRequest(
             worker=self._worker,
@@ -47,47 +63,90 @@ class QueueClient:
             wait_seconds=wait_seconds,
             visibility_timeout=visibility_timeout,
         )
-        response = await call(
-            self._http, "POST", "/jobs/next", request, read_timeout=wait_seconds + 10.0
+        reply = await self._http.call(
+            "POST", "/jobs/next", request, deadline=wait_seconds + _READ_MARGIN
         )
-        if response.status_code == 204:
+        if reply.status == 204:
             return []
-        return decode(response, ClaimResponse).jobs
+        return decode(reply, ClaimResponse).jobs
 
-    async def ack(self, job_id: uuid.UUID, receipt_handle: uuid.UUID, result: Any) -> JobView:
-        """Complete the job."""
-        body = AckRequest(receipt_handle=receipt_handle, result=result)
-        return decode(await call(self._http, "POST", f"/jobs/{job_id}/ack", body), JobView)
+    async def ack_many(self, entries: list[AckEntry]) -> list[AckResult]:
+        """Complete jobs in one request; one result per entry, in order."""
+        reply = await self._http.call("POST", "/jobs/ack", BatchAckRequest(entries=entries))
+        return decode(reply, BatchAckResponse).results
 
-    async def fail(
-        self,
-        job_id: uuid.UUID,
-        receipt_handle: uuid.UUID,
-        error: str,
-        *,
-        retryable: bool = True,
-        retry_after: float | None = None,
-    ) -> JobView:
-        """Report a failed attempt (retried with backoff unless not retryable)."""
-        body = FailRequest(
-            receipt_handle=receipt_handle,
-            error=error,
-            retryable=retryable,
-            retry_after_seconds=retry_after,
-        )
-        return decode(await call(self._http, "POST", f"/jobs/{job_id}/fail", body), JobView)
+    async def fail_many(self, entries: list[FailEntry]) -> list[FailResult]:
+        """Report failed attempts in one request; one result per entry, in order."""
+        reply = await self._http.call("POST", "/jobs/fail", BatchFailRequest(entries=entries))
+        return decode(reply, BatchFailResponse).results
 
-    async def heartbeat(
-        self, job_id: uuid.UUID, receipt_handle: uuid.UUID, visibility_timeout: int
-    ) -> HeartbeatResponse:
-        """Extend the lease to `visibility_timeout` seconds from now; 0 releases the job."""
-        body = HeartbeatRequest(
-            receipt_handle=receipt_handle, visibility_timeout=visibility_timeout
-        )
-        response = await call(self._http, "POST", f"/jobs/{job_id}/heartbeat", body)
-        return decode(response, HeartbeatResponse)
+    async def heartbeat_many(self, entries: list[HeartbeatEntry]) -> list[HeartbeatResult]:
+        """Extend (or, with 0, release) leases in one request; one result per entry."""
+        body = BatchHeartbeatRequest(entries=entries)
+        reply = await self._http.call("POST", "/jobs/heartbeat", body)
+        return decode(reply, BatchHeartbeatResponse).results
 
     async def cancelled(self, job_id: uuid.UUID, receipt_handle: uuid.UUID) -> JobView:
         """Confirm the job was stopped after a cancel request."""
         body = CancelledRequest(receipt_handle=receipt_handle)
-        return decode(await call(self._http, "POST", f"/jobs/{job_id}/cancelled", body), JobView)
+        return decode(await self._http.call("POST", f"/jobs/{job_id}/cancelled", body), JobView)
+
+    async def live(self) -> bool:
+        """True when the queue service answers its liveness probe."""
+        return await self._http.live()
+
+
+def _check(job_id: uuid.UUID, status: int) -> None:
+    if status == 409:
+        raise StaleReceiptHandle(f"the lease on job {job_id} was lost")
+    if status == 404:
+        raise JobNotFound(f"no job has id {job_id}")
+
+
+class Settler:
+    """One worker's settle reports, coalesced: concurrent acks share one `POST /jobs/ack`
+    (likewise fails and heartbeats), at most `CLAIM_MAX` entries each.
+
+    Every method answers for its own job once the batch that carried it returned: raises
+    StaleReceiptHandle when the lease was lost (409), JobNotFound (404), or the error of the
+    whole request (ServiceUnavailable when the queue service is unreachable).
+    """
+
+    def __init__(self, client: QueueClient) -> None:
+        self._client = client
+        self._acks: Coalescer[AckEntry, AckResult] = Coalescer(
+            client.ack_many, max_batch=CLAIM_MAX, max_in_flight=2
+        )
+        self._fails: Coalescer[FailEntry, FailResult] = Coalescer(
+            client.fail_many, max_batch=CLAIM_MAX
+        )
+        self._heartbeats: Coalescer[HeartbeatEntry, HeartbeatResult] = Coalescer(
+            client.heartbeat_many, max_batch=CLAIM_MAX
+        )
+
+    async def ack(self, entry: AckEntry) -> AckResult:
+        """Complete one job (batched)."""
+        result = await self._acks.submit(entry)
+        _check(entry.id, result.status)
+        return result
+
+    async def fail(self, entry: FailEntry) -> FailResult:
+        """Report one failed attempt (batched); the result says the job's status now."""
+        result = await self._fails.submit(entry)
+        _check(entry.id, result.status)
+        return result
+
+    async def heartbeat(self, entry: HeartbeatEntry) -> HeartbeatResult:
+        """Extend or release one lease (batched); the result carries any cancel request."""
+        result = await self._heartbeats.submit(entry)
+        _check(entry.id, result.status)
+        return result
+
+    async def cancelled(self, job_id: uuid.UUID, receipt_handle: uuid.UUID) -> JobView:
+        """Confirm a cooperative cancel (rare: not batched)."""
+        return await self._client.cancelled(job_id, receipt_handle)
+
+    async def aclose(self) -> None:
+        """Wait for the batches under way."""
+        for coalescer in (self._acks, self._fails, self._heartbeats):
+            await coalescer.aclose()

@@ -1,9 +1,12 @@
 """The worker loop: claim as many jobs as there are free slots, run them, settle each.
 
 One long poll at a time asks for exactly the number of free slots, so a claimed job never waits
-in memory while its lease runs down (the seed's "claim only what you can run" rule). While a job
-runs, a heartbeat extends its lease at half the visibility timeout (worker's monotonic clock);
-the heartbeat's reply also carries cancel requests.
+in memory while its lease runs down ("claim only what you can run"). A slot is free again as
+soon as its processor returns; the job's report then travels in a batch with the reports of
+other jobs that finished meanwhile (`Settler`), and the job is done when the queue service
+answered for it. One heartbeat loop extends the leases of running jobs at half their visibility
+timeout (worker's monotonic clock), in batches too; its replies carry cancel requests.
+See docs/architecture.md#workers.
 """
 
 from __future__ import annotations
@@ -20,15 +23,23 @@ from typing import Any, TypeVar
 import msgspec
 from tenacity import (
     AsyncRetrying,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_delay,
     wait_exponential_jitter,
 )
 
-from common.contracts import ERROR_MAX_BYTES, RESULT_MAX_BYTES, JobMessage, JobStatus
-from common.errors import JobqError, ServiceUnavailable, StaleReceiptHandle
+from common.contracts import (
+    ERROR_MAX_BYTES,
+    RESULT_MAX_BYTES,
+    AckEntry,
+    FailEntry,
+    HeartbeatEntry,
+    JobMessage,
+    JobStatus,
+)
+from common.errors import JobqError, StaleReceiptHandle
 from common.text import sanitize_result, sanitize_text
-from services.worker.client import QueueClient
+from services.worker.client import QueueClient, Settler
 from services.worker.metrics import WorkerMetrics
 from services.worker.processors import JobContext, NonRetryable, ProcessorRegistry, Retry
 from services.worker.processors.base import Registration
@@ -39,6 +50,10 @@ T = TypeVar("T")
 
 _CLAIM_BACKOFF_MAX = 5.0
 _RELEASE_BUDGET = 5.0
+_HEARTBEAT_TICK = 0.25
+"""Seconds between looks for leases due to be extended."""
+_HEARTBEAT_RETRY = 1.0
+"""Seconds before a failed heartbeat is tried again."""
 
 
 class Stop(enum.Enum):
@@ -51,12 +66,18 @@ class Stop(enum.Enum):
 
 @dataclass
 class Running:
-    """A job in progress: its message, its processor task and why it was stopped (if it was)."""
+    """A job in progress: its message, its processor task, why it was stopped (if it was),
+    when it was claimed and when its lease is next extended (monotonic seconds)."""
 
     job: JobMessage
     task: asyncio.Task[Any] | None = None
     stop: Stop | None = None
     claimed: float = field(default_factory=time.monotonic)
+    next_heartbeat: float = 0.0
+    holds_slot: bool = True
+
+    def __post_init__(self) -> None:
+        self.next_heartbeat = self.claimed + _heartbeat_interval(self.job)
 
     def interrupt(self, reason: Stop) -> None:
         """Stop the processor for `reason` (the first reason wins)."""
@@ -66,6 +87,10 @@ class Running:
             self.task.cancel()
 
 
+def _heartbeat_interval(job: JobMessage) -> float:
+    return max(0.5, job.visibility_timeout / 2)
+
+
 @dataclass(frozen=True, slots=True)
 class Failure:
     """A failed attempt as it will be reported."""
@@ -73,6 +98,12 @@ class Failure:
     error: str
     retryable: bool = True
     retry_after: float | None = None
+
+
+def _retryable_report_error(exc: BaseException) -> bool:
+    # 5xx and unreachable: the report may not have been applied, and repeating a fenced settle
+    # is always safe. 4xx (409 lost lease, 404) will not change by asking again.
+    return isinstance(exc, JobqError) and exc.status >= 500
 
 
 class Worker:
@@ -87,32 +118,47 @@ class Worker:
     ) -> None:
         self._settings = settings
         self._client = client
+        self._settler = Settler(client)
         self._registry = registry
         self._metrics = metrics
-        self._running: dict[asyncio.Task[None], Running] = {}
+        self._tasks: dict[asyncio.Task[None], Running] = {}
+        self._busy = 0
+        """Slots taken: jobs whose processor has not returned yet."""
         self._slot_freed = asyncio.Event()
         self._backoff = 0.0
         self._connected = False
+
+    @property
+    def _processing(self) -> list[Running]:
+        return [running for running in self._tasks.values() if running.task is not None]
 
     async def run(self, shutdown: asyncio.Event) -> None:
         """Claim and run jobs until `shutdown` is set, then give running jobs up to
         `worker_shutdown_grace` seconds to finish and release the rest (SQS: visibility 0),
         so another worker takes them at once instead of after their lease expires."""
+        concurrency = self._settings.worker_concurrency
         async with asyncio.TaskGroup() as tasks:
+            heartbeats = tasks.create_task(self._heartbeat_loop())
             while not shutdown.is_set():
-                free = self._settings.worker_concurrency - len(self._running)
+                free = concurrency - self._busy
                 if free <= 0:
                     self._slot_freed.clear()
                     await _first(self._slot_freed.wait(), shutdown.wait())
+                    # Let the other jobs finishing in this same moment free their slots too,
+                    # so the next claim asks for all of them at once.
+                    await asyncio.sleep(0)
                     continue
                 jobs = await self._next_jobs(free, shutdown)
                 for job in jobs:
                     running = Running(job)
                     task = tasks.create_task(self._run_guarded(running))
-                    self._running[task] = running
-                    self._metrics.active_jobs.set(len(self._running))
+                    self._tasks[task] = running
+                    self._busy += 1
                     task.add_done_callback(self._finished)
+                self._metrics.active_jobs.set(self._busy)
             await self._drain()
+            heartbeats.cancel()
+        await self._settler.aclose()
 
     async def _next_jobs(self, free: int, shutdown: asyncio.Event) -> list[JobMessage]:
         """One long poll for up to `free` jobs; [] on shutdown, or after a failed claim and a
@@ -148,24 +194,32 @@ class Worker:
             self._settings.worker_visibility_timeout,
         )
 
+    def _free_slot(self, running: Running) -> None:
+        if running.holds_slot:
+            running.holds_slot = False
+            self._busy -= 1
+            self._metrics.active_jobs.set(self._busy)
+            self._slot_freed.set()
+
     def _finished(self, task: asyncio.Task[None]) -> None:
-        self._running.pop(task, None)
-        self._metrics.active_jobs.set(len(self._running))
-        self._slot_freed.set()
+        running = self._tasks.pop(task, None)
+        if running is not None:
+            # Normally freed when the processor returned; not if our own handling failed.
+            self._free_slot(running)
 
     async def _drain(self) -> None:
-        if not self._running:
+        if not self._tasks:
             return
         grace = self._settings.worker_shutdown_grace
         logger.info(
             "draining %d running job(s) for up to %.0fs",
-            len(self._running),
+            self._busy,
             grace,
             extra={"event": "worker_draining"},
         )
-        _, late = await asyncio.wait(set(self._running), timeout=grace)
+        _, late = await asyncio.wait(set(self._tasks), timeout=grace)
         for task in late:
-            self._running[task].interrupt(Stop.SHUTDOWN)
+            self._tasks[task].interrupt(Stop.SHUTDOWN)
         if late:
             await asyncio.wait(late, timeout=_RELEASE_BUDGET)
 
@@ -182,23 +236,20 @@ class Worker:
     async def _run(self, running: Running) -> None:
         job = running.job
         registration = self._registry.get(job.task_type)
-        if registration is None:
-            failure = Failure(f"no processor for task type {job.task_type!r} on this worker")
-            await self._report_failure(running, failure, duration=0.0)
-            return
         started = time.monotonic()
-        running.task = asyncio.create_task(self._invoke(registration, job))
-        heartbeat = asyncio.create_task(self._heartbeat(running))
-        try:
-            outcome: Any = await running.task
-        except asyncio.CancelledError:
-            if running.stop is None:
-                raise
-            outcome = running.stop
-        finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+        if registration is None:
+            outcome: Any = Failure(f"no processor for task type {job.task_type!r} on this worker")
+        else:
+            running.task = asyncio.create_task(self._invoke(registration, job))
+            try:
+                outcome = await running.task
+            except asyncio.CancelledError:
+                if running.stop is None:
+                    raise
+                outcome = running.stop
+            finally:
+                running.task = None
+        self._free_slot(running)
         duration = time.monotonic() - started
         if isinstance(outcome, Stop):
             await self._after_stop(running, outcome, duration)
@@ -234,30 +285,38 @@ class Worker:
         except Exception as exc:
             return Failure(f"{type(exc).__name__}: {exc}")
 
-    async def _heartbeat(self, running: Running) -> None:
-        """Extend the lease every half visibility timeout until cancelled; stop the processor
-        when the job is cancelled or the lease is lost."""
-        job = running.job
-        interval = max(0.5, job.visibility_timeout / 2)
+    async def _heartbeat_loop(self) -> None:
+        """Extend the leases that are due, in one batch per tick, until cancelled."""
         while True:
-            await asyncio.sleep(interval)
-            try:
-                reply = await self._client.heartbeat(
-                    job.id, job.receipt_handle, job.visibility_timeout
-                )
-            except StaleReceiptHandle:
-                running.interrupt(Stop.LEASE_LOST)
-                return
-            except JobqError as exc:
-                logger.warning(
-                    "heartbeat failed: %s",
-                    exc,
-                    extra={"event": "heartbeat_failed", "job_id": str(job.id)},
-                )
-                continue
-            if reply.cancel_requested:
-                running.interrupt(Stop.CANCEL_REQUESTED)
-                return
+            await asyncio.sleep(_HEARTBEAT_TICK)
+            now = time.monotonic()
+            due = [r for r in self._processing if r.next_heartbeat <= now and r.stop is None]
+            if due:
+                await asyncio.gather(*(self._heartbeat(running) for running in due))
+
+    async def _heartbeat(self, running: Running) -> None:
+        """Extend one lease (batched with the others due); stop the processor when the job was
+        cancelled or the lease is lost."""
+        job = running.job
+        entry = HeartbeatEntry(
+            id=job.id, receipt_handle=job.receipt_handle, visibility_timeout=job.visibility_timeout
+        )
+        try:
+            reply = await self._settler.heartbeat(entry)
+        except StaleReceiptHandle:
+            running.interrupt(Stop.LEASE_LOST)
+            return
+        except JobqError as exc:
+            logger.warning(
+                "heartbeat failed: %s",
+                exc,
+                extra={"event": "heartbeat_failed", "job_id": str(job.id)},
+            )
+            running.next_heartbeat = time.monotonic() + _HEARTBEAT_RETRY
+            return
+        running.next_heartbeat = time.monotonic() + _heartbeat_interval(job)
+        if reply.cancel_requested:
+            running.interrupt(Stop.CANCEL_REQUESTED)
 
     async def _after_stop(self, running: Running, reason: Stop, duration: float) -> None:
         job = running.job
@@ -267,15 +326,18 @@ class Worker:
             case Stop.CANCEL_REQUESTED:
                 handle = job.receipt_handle
                 confirmed = await self._settle(
-                    running, "cancel confirmation", lambda: self._client.cancelled(job.id, handle)
+                    running, "cancel confirmation", lambda: self._settler.cancelled(job.id, handle)
                 )
                 if confirmed is not None:
                     self._metrics.job_duration.labels(task_label, "cancelled").observe(duration)
                     logger.info("job cancelled on request", extra=extra)
             case Stop.SHUTDOWN:
                 # One try only: the process is exiting, and an unreleased lease just expires.
+                release = HeartbeatEntry(
+                    id=job.id, receipt_handle=job.receipt_handle, visibility_timeout=0
+                )
                 try:
-                    await self._client.heartbeat(job.id, job.receipt_handle, 0)
+                    await self._settler.heartbeat(release)
                 except JobqError as exc:
                     logger.warning("could not release at shutdown: %s", exc, extra=extra)
                     return
@@ -286,42 +348,38 @@ class Worker:
 
     async def _report_success(self, running: Running, result: Any, duration: float) -> None:
         job = running.job
-        value = storable(result)
-        acked = await self._settle(
-            running, "ack", lambda: self._client.ack(job.id, job.receipt_handle, value)
-        )
+        entry = AckEntry(id=job.id, receipt_handle=job.receipt_handle, result=storable(result))
+        acked = await self._settle(running, "ack", lambda: self._settler.ack(entry))
         if acked is None:
             return
         task_label = self._metrics.task_label(job.task_type)
         self._metrics.job_duration.labels(task_label, "success").observe(duration)
         self._metrics.claim_to_settle.observe(time.monotonic() - running.claimed)
-        logger.info(
-            "job completed",
-            extra={
-                "event": "job_completed",
-                "job_id": str(job.id),
-                "task_type": job.task_type,
-                "attempt": job.attempts,
-            },
-        )
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "job completed",
+                extra={
+                    "event": "job_completed",
+                    "job_id": str(job.id),
+                    "task_type": job.task_type,
+                    "attempt": job.attempts,
+                },
+            )
 
     async def _report_failure(self, running: Running, failure: Failure, duration: float) -> None:
         job = running.job
         error = sanitize_text(failure.error, ERROR_MAX_BYTES)
-        view = await self._settle(
-            running,
-            "fail report",
-            lambda: self._client.fail(
-                job.id,
-                job.receipt_handle,
-                error,
-                retryable=failure.retryable,
-                retry_after=failure.retry_after,
-            ),
+        entry = FailEntry(
+            id=job.id,
+            receipt_handle=job.receipt_handle,
+            error=error,
+            retryable=failure.retryable,
+            retry_after_seconds=failure.retry_after,
         )
-        if view is None:
+        reply = await self._settle(running, "fail report", lambda: self._settler.fail(entry))
+        if reply is None:
             return
-        outcome = "dead_letter" if view.status is JobStatus.DEAD_LETTER else "retry"
+        outcome = "dead_letter" if reply.job_status is JobStatus.DEAD_LETTER else "retry"
         task_label = self._metrics.task_label(job.task_type)
         self._metrics.job_duration.labels(task_label, outcome).observe(duration)
         self._metrics.claim_to_settle.observe(time.monotonic() - running.claimed)
@@ -340,20 +398,27 @@ class Worker:
         self, running: Running, what: str, report: Callable[[], Awaitable[T]]
     ) -> T | None:
         """Send a settle report; None when it was not recorded (lease lost, or the queue
-        service stayed unreachable), which is logged here.
+        service stayed unavailable), which is logged here.
 
-        While the queue service is unavailable the report is retried (jittered, 0.2 s doubling
-        to 5 s) for up to the job's visibility timeout: a lease holds until it is reaped, so a
-        report that arrives after an outage still counts and the job does not run twice.
+        While the queue service is unreachable or answers 5xx, the report is retried (jittered,
+        0.2 s doubling to 5 s) for up to the job's visibility timeout: a lease holds until it is
+        reaped, so a report that arrives after an outage still counts and the job does not run
+        twice. Repeating a report is safe: settles are fenced by the receipt handle and a
+        replay of an applied one is answered 200.
         """
         job = running.job
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(ServiceUnavailable),
-            wait=wait_exponential_jitter(initial=0.2, max=5.0),
-            stop=stop_after_delay(job.visibility_timeout),
-            reraise=True,
-        )
         try:
+            try:
+                return await report()
+            except JobqError as exc:
+                if not _retryable_report_error(exc):
+                    raise
+            retrying = AsyncRetrying(
+                retry=retry_if_exception(_retryable_report_error),
+                wait=wait_exponential_jitter(initial=0.2, max=5.0),
+                stop=stop_after_delay(job.visibility_timeout),
+                reraise=True,
+            )
             async for attempt in retrying:
                 with attempt:
                     return await report()
@@ -380,6 +445,8 @@ class Worker:
 def storable(result: Any) -> Any:
     """What the processor returned, made storable: values JSON cannot hold are sent as their
     text, oversized or deeply nested ones as a stub. Never raises."""
+    if result is None:
+        return None
     try:
         return sanitize_result(msgspec.to_builtins(result, enc_hook=str), RESULT_MAX_BYTES)
     except (RecursionError, TypeError, ValueError, OverflowError) as exc:

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
@@ -19,7 +20,7 @@ from common.contracts import JobStatus
 from services.queue.app import create_app
 from services.queue.background import Reaper, Retention
 from services.queue.metrics import QueueMetrics
-from services.queue.repository import BACKOFF_CEILING_SQL, JobRepository
+from services.queue.repository import BACKOFF_CEILING_SQL, Backoff, FailEntry, JobRepository
 from services.queue.settings import QueueSettings
 from tests.conftest import serving
 from tests.helpers import new_job
@@ -136,13 +137,13 @@ async def test_reaper_racing_acks_never_requeues_an_acked_job(
         await expire_leases(engine)
 
         acked, reaped = await asyncio.gather(
-            repository.ack(claimed.id, claimed.receipt_handle, None), reaper.sweep()
+            repository.ack_many([(claimed.id, claimed.receipt_handle, None)]), reaper.sweep()
         )
 
         found = await repository.get(claimed.id)
         assert found is not None
         view = found[0]
-        if acked is not None:
+        if acked:
             outcomes["acked"] += 1
             assert reaped == 0 and view.status is JobStatus.COMPLETED
         else:
@@ -155,32 +156,29 @@ async def test_reaper_racing_acks_never_requeues_an_acked_job(
 
 
 async def test_backoff_expression_stays_within_its_cap_for_every_attempt(
-    engine: AsyncEngine,
+    clean_database: str,
 ) -> None:
-    ceiling = BACKOFF_CEILING_SQL.format(attempt="attempt")
-    query = text(
-        f"SELECT min(:jitter * {ceiling}), max(:jitter * {ceiling}),"
-        f" bool_and(:jitter * {ceiling} > 0) FROM generate_series(1, 10000) AS attempt"
+    ceiling = BACKOFF_CEILING_SQL.format(
+        attempt="attempt", max_delay="$2", base_delay="$3", multiplier="$4"
     )
-    async with engine.connect() as conn:
+    query = (
+        f"SELECT min($1 * {ceiling}), max($1 * {ceiling}),"
+        f" bool_and($1 * {ceiling} > 0) FROM generate_series(1, 10000) AS attempt"
+    )
+    connection = await asyncpg.connect(clean_database)
+    try:
         for jitter in (1e-12, 0.001, 0.5, 1.0):
             for base, multiplier, cap in (
                 (5.0, 2.0, 300.0),
                 (0.1, 10.0, 43_200.0),
                 (1.0, 1.0, 1.0),
             ):
-                low, high, positive = (
-                    await conn.execute(
-                        query,
-                        {
-                            "jitter": jitter,
-                            "base_delay": base,
-                            "multiplier": multiplier,
-                            "max_delay": cap,
-                        },
-                    )
-                ).one()
+                low, high, positive = await connection.fetchrow(
+                    query, jitter, cap, base, multiplier
+                )
                 assert positive and 0 < low <= high <= cap * jitter
+    finally:
+        await connection.close()
 
 
 async def test_two_hundred_jobs_failing_together_spread_their_retries(
@@ -332,17 +330,8 @@ async def test_redrive_moves_dead_letters_by_filter_and_limit(
     async def dead(queue: str, task_type: str) -> None:
         await submit(client, queue=queue, taskType=task_type, maxAttempts=1)
         [job] = await repository.claim([queue], "w", 1, 30)
-        await repository.fail(
-            job.id,
-            job.receipt_handle,
-            error="x",
-            retryable=False,
-            retry_after=None,
-            jitter=1.0,
-            base_delay=1,
-            multiplier=2,
-            max_delay=1,
-        )
+        entry = FailEntry(job.id, job.receipt_handle, "x", False, None, 1.0)
+        await repository.fail_many([entry], Backoff(1, 2, 1))
 
     for queue, task in [("a", "t1"), ("a", "t1"), ("a", "t2"), ("b", "t1"), ("b", "t1")]:
         await dead(queue, task)
