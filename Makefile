@@ -21,21 +21,28 @@ RUN_ENV := LOG_FORMAT=text SMTP_HOST=127.0.0.1 SMTP_PORT=2525 \
 help: ## List every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-20s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml requirements.lock
+$(STAMP): pyproject.toml requirements-dev.lock
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "jobq needs Python 3.11+; found $$($(PYTHON) --version)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --require-hashes \
+		-r requirements-dev.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
 .PHONY: install
-install: $(STAMP) ## Create .venv and install the pinned dependencies (requirements.lock)
+install: $(STAMP) ## Create .venv with the development lock (requirements-dev.lock, hashed)
+
+# The development lock is resolved first; the runtime lock (what the image installs) and the
+# SMTP sink's lock take its versions, so the image runs exactly what the tests ran.
+LOCK_ARGS := --universal --python-version 3.11 --generate-hashes --no-header --no-annotate --quiet
 
 .PHONY: lock
-lock: install ## Re-resolve requirements.lock from pyproject.toml (needs network)
-	$(BIN)/python -m pip install --quiet uv && $(BIN)/uv pip compile pyproject.toml --extra dev \
-		--python-version 3.11 --no-header --no-annotate -o requirements.lock
+lock: install ## Re-resolve requirements{,-dev,-smtp}.lock from pyproject.toml (needs network)
+	$(BIN)/uv pip compile pyproject.toml --extra dev $(LOCK_ARGS) -o requirements-dev.lock
+	$(BIN)/uv pip compile pyproject.toml $(LOCK_ARGS) -c requirements-dev.lock -o requirements.lock
+	$(BIN)/uv pip compile pyproject.toml --extra smtp $(LOCK_ARGS) -c requirements-dev.lock \
+		-o requirements-smtp.lock
 
 .PHONY: servers
 servers: install ## Find or start PostgreSQL and Redis; print their URLs
@@ -85,7 +92,7 @@ boundaries: install ## import-linter: services independent, only the queue touch
 .PHONY: infra-check
 infra-check: install tools ## compose schema (offline), hadolint, promtool on the Prometheus config and rules
 	$(BIN)/check-jsonschema --builtin-schema vendor.compose-spec infra/compose.yml
-	$(BIN)/hadolint --failure-threshold warning infra/Dockerfile
+	$(BIN)/hadolint infra/Dockerfile
 	@promtool="$$($(BIN)/python -m infra.tools | sed -n 's/^promtool=//p')" && \
 		"$$promtool" check config infra/prometheus/prometheus.yml && \
 		"$$promtool" test rules infra/prometheus/tests/*.yml

@@ -1,4 +1,4 @@
-"""Bearer-token access (DESIGN.md §5a): API keys with roles on the producer, one internal token
+"""Bearer-token access (docs/architecture.md#access): API keys with roles on the producer, one token
 on the queue service. Tokens are compared in constant time and never logged."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def role_guard(keys: dict[str, Role]) -> Guard:
 
 def token_guard(token: str | None) -> Guard:
     """A Litestar guard for the queue service: every route but health and metrics needs
-    `Authorization: Bearer <QUEUE_INTERNAL_TOKEN>` when a token is set (DESIGN.md §5a)."""
+    `Authorization: Bearer <QUEUE_INTERNAL_TOKEN>` once it is set (docs/architecture.md#access)."""
 
     async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         if token is None or _is_public(connection, schema=False):

@@ -11,7 +11,7 @@ one `msgspec.json.decode(body, type=T)` call:
 - **Unpaired surrogates.** Escapes like `"\\ud800"` are valid JSON but not valid Unicode, so the
   decoder would reject the whole body with an unhelpful message. `StrictJSON` marks them, so
   validation names the exact field of a submit; `ReportJSON` replaces them with U+FFFD, so a
-  worker's report is always recordable (docs/architecture.md#reports).
+  worker's report is always recordable (docs/architecture.md#bounds).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Wire contracts (msgspec Structs, camelCase JSON) and every bound of DESIGN.md §5.
+"""Wire contracts (msgspec Structs, camelCase JSON) and every bound of docs/architecture.md#bounds.
 
 The bounds are defined once here and flow into request validation, the OpenAPI documents and
 the client library. Structs that arrive over HTTP forbid unknown fields, so a typo such as
@@ -10,12 +10,12 @@ from __future__ import annotations
 import enum
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
-# --- bounds (DESIGN.md §5) -------------------------------------------------------------------
+# --- bounds (docs/architecture.md#bounds) ---------------------------------------------------
 
 # `(?!\n)` keeps Python's `$` from matching before a trailing newline ("default\n"); in
 # ECMA-262 regexes (OpenAPI, JSON Schema) it is a no-op.
@@ -84,7 +84,7 @@ Payload = Annotated[
 
 
 class JobStatus(enum.StrEnum):
-    """Lifecycle states of DESIGN.md §2."""
+    """A job's lifecycle state (docs/architecture.md#job-states)."""
 
     SCHEDULED = "SCHEDULED"
     PENDING = "PENDING"
@@ -284,12 +284,19 @@ class FailRequest(_Wire):
     retry_after_seconds: RetryAfterSeconds | None = None
 
 
+ReleaseReason = Literal["shutdown"]
+"""Why a worker releases a job (recorded in its `errors` as `released: <reason>`; a release
+without one records `released: requested`)."""
+
+
 class HeartbeatRequest(_Wire):
     """`POST /jobs/{id}/heartbeat` (SQS ChangeMessageVisibility): extend the lease to
-    `visibility_timeout` seconds from now; 0 releases the job."""
+    `visibility_timeout` seconds from now; 0 releases the job, optionally saying why
+    (`reason`, only with 0)."""
 
     receipt_handle: uuid.UUID
     visibility_timeout: HeartbeatVisibilityTimeout
+    reason: ReleaseReason | None = None
 
 
 class HeartbeatResponse(_Wire):
@@ -338,6 +345,7 @@ class HeartbeatEntry(_Wire):
     id: uuid.UUID
     receipt_handle: uuid.UUID
     visibility_timeout: HeartbeatVisibilityTimeout
+    reason: ReleaseReason | None = None
 
 
 class BatchHeartbeatRequest(_Wire):
@@ -387,6 +395,11 @@ class RedriveResponse(_Wire):
     moved: int
 
 
+DepthSource = Literal["redis", "postgres"]
+"""Where depth figures came from: the Redis cache (refreshed every QUEUE_DEPTH_INTERVAL) or a
+count in PostgreSQL made for this request."""
+
+
 class QueueDepth(_Wire):
     """Per-queue counts of `GET /queues` (approximate when served from the Redis cache)."""
 
@@ -396,11 +409,15 @@ class QueueDepth(_Wire):
     processing: int
     dead_letter: int
     oldest_pending_age_seconds: float
-    source: str
+    source: DepthSource
     refreshed_at: datetime
 
 
 class QueuesResponse(_Wire):
-    """`GET /queues` reply."""
+    """`GET /queues` reply: counts per queue, and where and when they were taken (`source`,
+    `refreshedAt`), stated even when there are no queues. Each entry repeats both, as the
+    reply did before they were added at the top."""
 
     queues: list[QueueDepth]
+    source: DepthSource
+    refreshed_at: datetime

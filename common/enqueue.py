@@ -1,6 +1,6 @@
 """The enqueue statement, shared by the queue service and the client library's
-`enqueue(connection, …)` (DESIGN.md §5a: the one documented exception to "only the queue
-service touches PostgreSQL").
+`enqueue(connection, …)` (docs/architecture.md#client-library: the one documented exception
+to "only the queue service touches PostgreSQL").
 
 One statement inserts any number of jobs from a JSON array (`jsonb_to_recordset`) and sends one
 `pg_notify` per queue that received ready jobs, in the caller's transaction: a job committed

@@ -1,4 +1,4 @@
-"""The idempotency "same request" hash of DESIGN.md §5, defined once."""
+"""The idempotency "same request" hash of docs/architecture.md#idempotency, defined once."""
 
 from __future__ import annotations
 

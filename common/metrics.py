@@ -1,4 +1,4 @@
-"""Helpers for Prometheus metrics with bounded label values (DESIGN.md §6)."""
+"""Helpers for Prometheus metrics with bounded label values (docs/architecture.md#metrics)."""
 
 from __future__ import annotations
 

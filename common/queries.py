@@ -1,5 +1,5 @@
-"""Query-string parameters of `GET /jobs`, with the bounds of DESIGN.md §5, shared by both
-services so validation and OpenAPI agree."""
+"""Query-string parameters of `GET /jobs`, with the bounds of docs/architecture.md#bounds,
+shared by both services so validation and OpenAPI agree."""
 
 from __future__ import annotations
 

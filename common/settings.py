@@ -1,9 +1,9 @@
 """Settings shared by every service: duration and size types, logging and connection URLs.
 
 Each service extends `BaseServiceSettings` in its own `settings.py`. Field names are the
-environment variable names of DESIGN.md §5 in lower case (`queue_reaper_interval` ↔
-`QUEUE_REAPER_INTERVAL`), read once in `main()`, never at import time. Bad values fail at start
-with pydantic's message naming the variable.
+environment variable names (docs/architecture.md#configuration) in lower case
+(`queue_reaper_interval` ↔ `QUEUE_REAPER_INTERVAL`), read once in `main()`, never at import
+time. Bad values fail at start with pydantic's message naming the variable.
 """
 
 from __future__ import annotations

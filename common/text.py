@@ -1,4 +1,4 @@
-"""Make worker reports always recordable in PostgreSQL (DESIGN.md §5).
+"""Make worker reports always recordable in PostgreSQL (docs/architecture.md#bounds).
 
 PostgreSQL's `text` and `jsonb` cannot hold NUL characters, and UTF-8 cannot encode lone
 surrogates. A report that contains either, or megabytes of text, must still be stored, or the job

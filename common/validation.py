@@ -1,4 +1,4 @@
-"""Boundary checks msgspec's type constraints cannot express (DESIGN.md §5).
+"""Boundary checks msgspec's type constraints cannot express (docs/architecture.md#bounds).
 
 Used by the producer before forwarding and by the queue service before inserting, so bad input
 never reaches PostgreSQL as an error.

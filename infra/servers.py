@@ -1,26 +1,31 @@
-"""Find or start the PostgreSQL and Redis servers jobq needs (for `make run` and the tests).
+"""Find or start the PostgreSQL and Redis servers jobq needs (`make run`, the tests, benchmarks).
 
-`ensure_postgres()` and `ensure_redis()` return a base URL for a server that answers, trying in
-order:
+`ensure_postgres()` and `ensure_redis()` return the base URL of a server that answers, trying:
 
 1. the environment variable (`DATABASE_URL` / `REDIS_URL`) when set: it must answer, else
-   `ServerUnavailable` names the URL;
-2. a server already answering on 127.0.0.1:5432 / 127.0.0.1:6379;
-3. a throwaway server started from local binaries (`initdb`/`pg_ctl`, `redis-server`), kept
-   running in a state directory (default `/var/tmp/jobq-servers`) and reused by later calls;
-4. a testcontainers container, only when a Docker daemon answers;
-5. otherwise `ServerUnavailable`, whose message says what to install.
+   `ServerUnavailable` names the URL (password hidden);
+2. the machine's own server on 127.0.0.1:5432 / 127.0.0.1:6379 (PostgreSQL as `postgres`,
+   then as the current OS user);
+3. a throwaway server kept in a state directory (default `/var/tmp/jobq-servers`), started on
+   first use and reused by every later call, from any process, until `stop`:
+   - PostgreSQL as a cluster of Debian's postgresql-common (`pg_createcluster`,
+     `pg_ctlcluster`, `pg_lsclusters`), whose configuration lives in the state directory
+     (`PG_CLUSTER_CONF_ROOT`), so the machine's own clusters are never listed or touched;
+   - Redis as `redis-server`, daemonized without persistence, found again on its port by the
+     working directory it reports;
+4. otherwise `ServerUnavailable`, whose message says how to get a server.
 
-One progress line per step goes to stderr. Passwords are never printed.
+Nothing here starts containers: with Docker, `docker compose -f infra/compose.yml up` brings
+its own PostgreSQL and Redis. One progress line per step goes to stderr; passwords never do.
 
 Command line (progress on stderr, results on stdout)::
 
     python -m infra.servers env [--database NAME]   # DATABASE_URL=… and REDIS_URL=… lines
-    python -m infra.servers stop                    # stop the throwaway servers started here
+    python -m infra.servers stop                    # stop the throwaway servers (data kept)
 
-`env` prints plain `NAME=value` lines (values shell-quoted when needed); use them with
-`set -a; eval "$(python -m infra.servers env)"; set +a`. It exits with status 2 and the
-message of `ServerUnavailable` when a server cannot be found or started.
+`env` prints `NAME=value` lines (values shell-quoted when needed), for
+`eval "$(python -m infra.servers env)"`. Both exit with status 2 and the message of
+`ServerUnavailable` when a server cannot be found, started or stopped.
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ import fcntl
 import getpass
 import json
 import os
-import pwd
 import re
 import shlex
 import shutil
@@ -41,10 +45,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import SplitResult, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg  # type: ignore[import-untyped, unused-ignore]
 import redis
@@ -60,39 +64,38 @@ __all__ = [
 ]
 
 DEFAULT_STATE_DIR = Path("/var/tmp/jobq-servers")
-"""Where throwaway servers keep their data, logs and port files."""
+"""Where throwaway servers keep their configuration, data and logs."""
 
 LOCAL_HOST = "127.0.0.1"
 DEFAULT_PG_PORT = 5432
 DEFAULT_REDIS_PORT = 6379
-THROWAWAY_PG_PORT = 55432
-"""First port tried for a throwaway PostgreSQL; the next free one is used."""
-THROWAWAY_REDIS_PORT = 56379
-"""First port tried for a throwaway Redis; the next free one is used."""
+PG_SUPERUSER = "postgres"
+
+CLUSTER_NAME = "jobq-throwaway"
+"""Name of the throwaway PostgreSQL cluster (in the state directory's own cluster list)."""
+PG_VERSIONS_DIR = Path("/usr/lib/postgresql")
+"""Where Debian installs each PostgreSQL major version (`<version>/bin/postgres`)."""
+THROWAWAY_REDIS_PORTS = range(56379, 56389)
+"""Ports a throwaway Redis may take; the first free one is used, a running one is found here."""
 
 CONNECT_TIMEOUT_S = 3.0
 """Seconds one connection attempt (probe) may take."""
 START_TIMEOUT_S = 30.0
 """Seconds a freshly started server has to accept connections."""
-PORT_SEARCH_SPAN = 100
-"""How many consecutive ports are tried when looking for a free one."""
-
-PG_SUPERUSER = "postgres"
-PG_OS_USER = "postgres"
-"""The OS account that runs a throwaway PostgreSQL when this process is root."""
 
 PG_INSTALL_HINT = (
-    "install it (Debian/Ubuntu: `apt-get install postgresql`; "
-    "macOS: `brew install postgresql@15`) or set DATABASE_URL to a server you run"
+    "install PostgreSQL (Debian/Ubuntu: `sudo apt-get install postgresql`, which also runs a "
+    "server on 5432; macOS: `brew install postgresql@15 && brew services start postgresql@15`), "
+    "set DATABASE_URL to a server you run, or use Docker: "
+    "`docker compose -f infra/compose.yml up`"
 )
 REDIS_INSTALL_HINT = (
-    "install it (Debian/Ubuntu: `apt-get install redis-server`; "
-    "macOS: `brew install redis`) or set REDIS_URL to a server you run"
+    "install Redis (Debian/Ubuntu: `sudo apt-get install redis-server`; macOS: "
+    "`brew install redis && brew services start redis`), set REDIS_URL to a server you run, "
+    "or use Docker: `docker compose -f infra/compose.yml up`"
 )
 
 _T = TypeVar("_T")
-_CONTAINERS: list[Any] = []
-"""testcontainers containers started by this process, kept referenced for its lifetime."""
 
 
 class ServerUnavailable(RuntimeError):
@@ -100,7 +103,7 @@ class ServerUnavailable(RuntimeError):
 
 
 class _StartFailed(Exception):
-    """A throwaway server could not be started (internal; the next step is tried)."""
+    """A throwaway server could not be started (internal; becomes ServerUnavailable)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -117,26 +120,13 @@ def _redact(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def _host_port(url: str) -> str:
-    """Return `host:port` of `url` for progress messages."""
-    parts = urlsplit(url)
-    return f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{netloc}"))
 
 
 def _run_async(factory: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
-    """Run the coroutine made by `factory` to completion, even from inside a running loop.
-
-    From synchronous code this is `asyncio.run`; when an event loop already runs in this thread
-    (an async test fixture), the coroutine runs on a fresh loop in a helper thread.
-    """
+    """Run the coroutine made by `factory` to completion, even from inside a running loop
+    (an async test fixture): then it runs on a fresh loop in a helper thread."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -145,129 +135,68 @@ def _run_async(factory: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
         return pool.submit(lambda: asyncio.run(factory())).result()
 
 
-def _port_is_free(port: int) -> bool:
-    """True when nothing listens on 127.0.0.1:`port` (a bind succeeds)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # Like the servers themselves, ignore TIME_WAIT leftovers of a previous run.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((LOCAL_HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port(start: int) -> int:
-    """Return the first free TCP port on 127.0.0.1 from `start` on; raises `_StartFailed`."""
-    for port in range(start, start + PORT_SEARCH_SPAN):
-        if _port_is_free(port):
-            return port
-    raise _StartFailed(f"no free port in {start}..{start + PORT_SEARCH_SPAN - 1}")
-
-
-def _prepare_state_dir(state_dir: Path) -> Path:
-    """Create `state_dir` (world-traversable, mode 0755) and return its absolute path."""
-    state_dir = state_dir.expanduser().resolve()
+def _run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """Run a command and return its stdout; raise `_StartFailed` with its output on failure."""
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        if state_dir.stat().st_uid == os.geteuid():
-            state_dir.chmod(0o755)
-    except OSError as exc:
-        raise _StartFailed(f"cannot use state dir {state_dir}: {exc}") from exc
-    return state_dir
+        result = subprocess.run(
+            list(argv), capture_output=True, text=True, env=env, timeout=120, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise _StartFailed(f"`{shlex.join(argv)}` failed: {exc}") from exc
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr).strip()
+        raise _StartFailed(f"`{shlex.join(argv)}` exited {result.returncode}: {output}")
+    return result.stdout
+
+
+def _state_dir(state_dir: Path | None) -> Path:
+    """The absolute state directory, created traversable (0755) so a server's OS user can
+    reach the data inside it."""
+    path = (state_dir or DEFAULT_STATE_DIR).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    if path.stat().st_uid == os.geteuid():
+        path.chmod(0o755)
+    return path
 
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `path` (created if missing) so processes start one server."""
+    """Hold an exclusive lock on `path`, so concurrent processes start one server, not two."""
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield
 
 
-def _read_state(path: Path) -> dict[str, Any]:
-    """Read a JSON state file; an absent or unreadable one is `{}`."""
+def _throwaway(
+    start: Callable[[Path], str], state_dir: Path | None, what: str, port: int, hint: str
+) -> str:
+    """`start(state_dir)`; when it fails, ServerUnavailable naming what was tried and `hint`."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return start(_state_dir(state_dir))
+    except (_StartFailed, OSError) as exc:
+        raise ServerUnavailable(
+            f"{what} not found: nothing usable on {LOCAL_HOST}:{port} and no throwaway server "
+            f"({exc}); {hint}"
+        ) from exc
 
 
-def _write_state(path: Path, data: dict[str, Any]) -> None:
-    """Write a JSON state file atomically."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.chmod(0o644)
-    os.replace(tmp, path)
-
-
-def _log_tail(path: Path, lines: int = 15) -> str:
-    """The last `lines` lines of a log file, indented, or '' when there is none."""
-    try:
-        text = path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return ""
-    return "\n".join("    " + line for line in text)
-
-
-def _run(
-    cmd: Sequence[str], *, cwd: Path, timeout: float = 60.0
-) -> subprocess.CompletedProcess[str]:
-    """Run `cmd`, capturing output; raise `_StartFailed` (with its output) when it fails."""
-    try:
-        result = subprocess.run(
-            list(cmd), cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise _StartFailed(f"`{shlex.join(cmd)}` failed: {exc}") from exc
-    if result.returncode != 0:
-        output = (result.stdout + result.stderr).strip()
-        raise _StartFailed(f"`{shlex.join(cmd)}` exited {result.returncode}: {output}")
-    return result
-
-
-def _docker_answers() -> bool:
-    """True when a Docker daemon answers a ping within ~2 s (the CLI alone is not enough).
-
-    Without DOCKER_HOST the default socket is tried first: when nothing listens there the SDK
-    is not called at all (its failed version check leaks a socket, a ResourceWarning).
-    """
-    docker_host = os.environ.get("DOCKER_HOST", "")
-    if not docker_host or docker_host.startswith("unix://"):
-        path = docker_host.removeprefix("unix://") or "/var/run/docker.sock"
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(2)
-                sock.connect(path)
-        except OSError:
-            return False
-    try:
-        import docker  # type: ignore[import-untyped, unused-ignore]
-
-        client = docker.from_env(timeout=2)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except Exception:
-        return False
+def _wait(probe: Callable[[], str | None], what: str, log: str) -> None:
+    """Poll `probe` (None = answers) until it answers or `START_TIMEOUT_S` pass."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while (reason := probe()) is not None:
+        if time.monotonic() > deadline:
+            raise _StartFailed(
+                f"{what} not answering after {START_TIMEOUT_S:.0f} s ({reason}); see {log}"
+            )
+        time.sleep(0.1)
 
 
 # --------------------------------------------------------------------------------------------
 # PostgreSQL
 
 
-def _pg_base(parts: SplitResult) -> str:
-    """Rebuild a `postgresql://` base URL (no database, no query) from split URL parts."""
-    return urlunsplit(("postgresql", parts.netloc, "", "", ""))
-
-
 def _pg_split(url: str) -> tuple[str, str]:
-    """Split a PostgreSQL URL into (base URL, database name or '').
+    """Split a PostgreSQL URL into (base URL without database or query, database name or '').
 
     Accepts `postgresql://`, `postgres://` and `postgresql+asyncpg://`; the base always uses
     `postgresql://`. Raises ServerUnavailable for another scheme.
@@ -275,20 +204,16 @@ def _pg_split(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres", "postgresql+asyncpg"):
         raise ServerUnavailable(f"DATABASE_URL must start with postgresql://, got {_redact(url)!r}")
-    return _pg_base(parts), parts.path.strip("/")
+    return urlunsplit(("postgresql", parts.netloc, "", "", "")), parts.path.strip("/")
 
 
 async def _pg_check(base_url: str, database: str) -> None:
-    """Connect to `database` on `base_url` and run `SELECT 1`; raise what asyncpg raises."""
     conn = await asyncpg.connect(base_url, database=database, timeout=CONNECT_TIMEOUT_S)
-    try:
-        await conn.fetchval("SELECT 1", timeout=CONNECT_TIMEOUT_S)
-    finally:
-        await conn.close(timeout=CONNECT_TIMEOUT_S)
+    await conn.close(timeout=CONNECT_TIMEOUT_S)
 
 
 def _pg_probe(base_url: str, database: str = "postgres") -> str | None:
-    """Return None when PostgreSQL at `base_url` accepts a connection, else the reason.
+    """None when PostgreSQL at `base_url` accepts a connection, else the reason.
 
     A missing `database` still counts as answering: the server authenticated us.
     """
@@ -301,296 +226,112 @@ def _pg_probe(base_url: str, database: str = "postgres") -> str | None:
     return None
 
 
-async def _pg_data_directory(base_url: str) -> str:
-    """Return the server's `data_directory` setting."""
-    conn = await asyncpg.connect(base_url, database="postgres", timeout=CONNECT_TIMEOUT_S)
-    try:
-        return str(await conn.fetchval("SHOW data_directory"))
-    finally:
-        await conn.close(timeout=CONNECT_TIMEOUT_S)
+def _cluster_env(state_dir: Path) -> dict[str, str]:
+    """The environment that points postgresql-common's tools at the state directory's clusters
+    (and keeps `pg_ctlcluster` from handing the cluster to systemd)."""
+    return {**os.environ, "PG_CLUSTER_CONF_ROOT": str(state_dir / "clusters")}
 
 
-def _pg_serves(base_url: str, datadir: Path) -> bool:
-    """True when the server at `base_url` answers and runs from `datadir` (so it is ours)."""
-    try:
-        served = _run_async(lambda: _pg_data_directory(base_url))
-    except Exception:
-        return False
-    return os.path.realpath(served) == os.path.realpath(datadir)
+def _throwaway_cluster(env: Mapping[str, str]) -> dict[str, Any] | None:
+    """The throwaway cluster as `pg_lsclusters --json` describes it, or None."""
+    clusters = json.loads(_run(["pg_lsclusters", "--json"], env) or "[]")
+    return next((c for c in clusters if c.get("cluster") == CLUSTER_NAME), None)
 
 
-def _pg_bindir() -> Path:
-    """Find the directory holding `initdb` and `pg_ctl`; raise `_StartFailed` if none.
-
-    Tries `pg_config --bindir` (which may name a directory without the server on Debian),
-    then the newest `/usr/lib/postgresql/<version>/bin`, then `initdb`/`pg_ctl` on PATH.
-    """
-
-    def usable(bindir: Path) -> bool:
-        return (bindir / "initdb").is_file() and (bindir / "pg_ctl").is_file()
-
-    pg_config = shutil.which("pg_config")
-    if pg_config:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            out = subprocess.run(
-                [pg_config, "--bindir"], capture_output=True, text=True, timeout=10, check=True
-            ).stdout.strip()
-            if out and usable(Path(out)):
-                return Path(out)
-
-    def version_key(path: Path) -> tuple[int, ...]:
-        return tuple(int(n) for n in re.findall(r"\d+", path.parent.name))
-
-    debian = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=version_key, reverse=True)
-    for bindir in debian:
-        if usable(bindir):
-            return bindir
-    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
-    if initdb and pg_ctl:
-        return Path(os.path.realpath(pg_ctl)).parent
-    raise _StartFailed("no PostgreSQL server binaries (initdb, pg_ctl) found")
-
-
-def _pg_major(bindir: Path) -> str:
-    """The major version of the binaries in `bindir`, e.g. '15' (from `pg_ctl --version`)."""
-    out = _run([str(bindir / "pg_ctl"), "--version"], cwd=Path("/")).stdout
-    match = re.search(r"(\d+)(?:\.(\d+))?", out)
-    if not match:
-        raise _StartFailed(f"cannot read the PostgreSQL version from {out!r}")
-    major = int(match.group(1))
-    return str(major) if major >= 10 else f"{major}.{match.group(2)}"
-
-
-class _PgRunner:
-    """Runs PostgreSQL commands as the right OS user: `postgres` via runuser when root."""
-
-    def __init__(self, bindir: Path, cwd: Path) -> None:
-        self.bindir = bindir
-        self.cwd = cwd
-        self.as_root = os.geteuid() == 0
-        if self.as_root:
-            try:
-                entry = pwd.getpwnam(PG_OS_USER)
-            except KeyError as exc:
-                raise _StartFailed(
-                    f"running as root needs a `{PG_OS_USER}` OS user to run PostgreSQL "
-                    "(the postgresql package creates it), or run as a normal user"
-                ) from exc
-            if shutil.which("runuser") is None:
-                raise _StartFailed("running as root needs `runuser` (util-linux) to run initdb")
-            self.uid, self.gid = entry.pw_uid, entry.pw_gid
-        else:
-            self.uid, self.gid = os.geteuid(), os.getegid()
-
-    def cmd(self, tool: str, *args: str) -> list[str]:
-        """The argv running `tool` from the bindir with `args` as the server's OS user."""
-        argv = [str(self.bindir / tool), *args]
-        return ["runuser", "-u", PG_OS_USER, "--", *argv] if self.as_root else argv
-
-    def run(self, tool: str, *args: str, timeout: float = 60.0) -> None:
-        """Run `tool`; raise `_StartFailed` when it fails."""
-        _run(self.cmd(tool, *args), cwd=self.cwd, timeout=timeout)
-
-    def running(self, datadir: Path) -> bool:
-        """True when `pg_ctl status` reports a postmaster for `datadir`."""
-        result = subprocess.run(
-            self.cmd("pg_ctl", "status", "-D", str(datadir)),
-            cwd=self.cwd,
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
-        return result.returncode == 0
-
-    def own(self, path: Path) -> None:
-        """Give `path` to the server's OS user (only needed, and only done, as root)."""
-        if self.as_root:
-            os.chown(path, self.uid, self.gid)
-
-
-def _pg_prepare_datadir(runner: _PgRunner, datadir: Path, major: str) -> None:
-    """Run initdb unless `datadir` already holds a cluster of version `major` we can use."""
-    if datadir.exists():
-        try:
-            version = (datadir / "PG_VERSION").read_text().strip()
-        except OSError:
-            version = ""
-        if version == major and datadir.stat().st_uid == runner.uid:
-            return
-        if datadir.stat().st_uid != os.geteuid() and not runner.as_root:
-            raise _StartFailed(f"{datadir} belongs to another user: remove it or use another dir")
-        _progress(f"postgres: discarding unusable throwaway data dir {datadir}")
-        shutil.rmtree(datadir)
-    datadir.mkdir(mode=0o700)
-    runner.own(datadir)
-    runner.run(
-        "initdb",
-        "-D",
-        str(datadir),
-        f"--username={PG_SUPERUSER}",
-        "--auth=trust",
-        "--encoding=UTF8",
-        "--locale=C",
-        "--no-sync",
-        timeout=120,
-    )
-
-
-def _pg_wait(base_url: str, deadline: float, log: Path) -> None:
-    """Wait until `base_url` accepts connections or `deadline` (monotonic s) passes."""
-    reason: str | None = "not tried"
-    while time.monotonic() < deadline:
-        reason = _pg_probe(base_url)
-        if reason is None:
-            return
-        time.sleep(0.2)
-    raise _StartFailed(
-        f"not accepting connections after {START_TIMEOUT_S:.0f} s: {reason}\n"
-        f"  last lines of {log}:\n{_log_tail(log)}"
-    )
+def _newest_pg_version() -> str:
+    """The newest PostgreSQL major version installed under `PG_VERSIONS_DIR`, e.g. '15'."""
+    versions = [path.parent.parent.name for path in PG_VERSIONS_DIR.glob("*/bin/postgres")]
+    if not versions:
+        raise _StartFailed(f"no PostgreSQL server in {PG_VERSIONS_DIR}/<version>/bin")
+    return max(versions, key=lambda v: tuple(int(n) for n in re.findall(r"\d+", v)))
 
 
 def _start_throwaway_postgres(state_dir: Path) -> str:
-    """Start (or reuse) a throwaway PostgreSQL from local binaries; return its base URL.
+    """Start (or find) the throwaway cluster with postgresql-common; return its base URL.
 
-    The cluster lives in `<state_dir>/postgres` (trust auth, superuser `postgres`, listening on
-    127.0.0.1 only, unix socket in the data dir) and logs to `<state_dir>/postgres.log`; its
-    port (from 55432 on) is recorded in `<state_dir>/postgres.json` so later calls, from any
-    process, reuse the running server. It is throwaway: durability is switched off
-    (`fsync=off`, `synchronous_commit=off`, `full_page_writes=off`), so a machine crash may
-    corrupt it — never keep data you care about there. As root, initdb and the server run as
-    the `postgres` OS user (via `runuser`), which owns the data dir.
-
-    Raises `_StartFailed` with the reason (and the log tail) when it cannot start one.
+    The cluster `CLUSTER_NAME` is created on first use with trust authentication for the
+    superuser `postgres`, UTF-8, manual start and durability off (`fsync`,
+    `synchronous_commit`, `full_page_writes`), so a machine crash may lose it: keep nothing
+    there you care about. Its data is `<state_dir>/postgresql/<version>`, its log
+    `<state_dir>/postgres.log`; `pg_createcluster` picks the first free port from 5432 on. As
+    root the cluster belongs to the `postgres` OS user (postgresql-common runs it as that user);
+    otherwise to you, with its socket in the state directory. Raises `_StartFailed`.
     """
-    state_dir = _prepare_state_dir(state_dir)
-    datadir = state_dir / "postgres"
+    if shutil.which("pg_createcluster") is None:
+        raise _StartFailed("no pg_createcluster (Debian/Ubuntu's postgresql-common) on PATH")
+    env = _cluster_env(state_dir)
     log = state_dir / "postgres.log"
-    state_file = state_dir / "postgres.json"
     with _locked(state_dir / "postgres.lock"):
-        port = _read_state(state_file).get("port")
-        if isinstance(port, int):
-            base_url = f"postgresql://{PG_SUPERUSER}@{LOCAL_HOST}:{port}"
-            if _pg_serves(base_url, datadir):
-                _progress(f"postgres: reusing throwaway server on {LOCAL_HOST}:{port}")
-                return base_url
-        bindir = _pg_bindir()
-        runner = _PgRunner(bindir, cwd=state_dir)
-        if datadir.exists() and runner.running(datadir):
-            # Ours but not answering where recorded (hung, or the port file was lost).
-            with contextlib.suppress(_StartFailed):
-                runner.run("pg_ctl", "stop", "-D", str(datadir), "-m", "immediate", "-w")
-        _pg_prepare_datadir(runner, datadir, _pg_major(bindir))
-        port = _free_port(THROWAWAY_PG_PORT)
-        _progress(
-            f"postgres: starting throwaway server from {bindir} on {LOCAL_HOST}:{port} "
-            f"(data in {datadir}, log {log})"
-        )
-        log.touch()
-        runner.own(log)
-        options = [
-            f"-p {port}",
-            "-c listen_addresses=127.0.0.1",
-            f"-k {shlex.quote(str(datadir))}",
-            "-c fsync=off",
-            "-c synchronous_commit=off",
-            "-c full_page_writes=off",
-        ]
-        deadline = time.monotonic() + START_TIMEOUT_S
-        try:
-            runner.run(
-                "pg_ctl", "start", "-D", str(datadir), "-l", str(log), "-w",
-                "-t", str(int(START_TIMEOUT_S)), "-o", " ".join(options),
-                timeout=START_TIMEOUT_S + 10,
+        cluster = _throwaway_cluster(env)
+        if cluster is None:
+            version = _newest_pg_version()
+            _progress(
+                f"postgres: creating throwaway cluster {version}/{CLUSTER_NAME} in {state_dir}"
+            )
+            owner = (
+                ["--user", PG_SUPERUSER] if os.geteuid() == 0 else ["--socketdir", str(state_dir)]
+            )
+            _run(
+                ["pg_createcluster", version, CLUSTER_NAME, *owner,
+                 "--datadir", str(state_dir / "postgresql" / version), "--logfile", str(log),
+                 "--start-conf=manual", "--encoding=UTF8", "--locale=C",
+                 "-o", "fsync=off", "-o", "synchronous_commit=off", "-o", "full_page_writes=off",
+                 "--start", "--", "--auth=trust", f"--username={PG_SUPERUSER}"],
+                env,
             )  # fmt: skip
-        except _StartFailed as exc:
-            raise _StartFailed(f"{exc}\n  last lines of {log}:\n{_log_tail(log)}") from exc
-        base_url = f"postgresql://{PG_SUPERUSER}@{LOCAL_HOST}:{port}"
-        _pg_wait(base_url, deadline, log)
-        _write_state(
-            state_file,
-            {"port": port, "datadir": str(datadir), "bindir": str(bindir), "log": str(log)},
-        )
-        return base_url
-
-
-def _start_postgres_container() -> str:
-    """Start a PostgreSQL 15 container (kept for this process's lifetime); return its base URL."""
-    from testcontainers.community.postgres import PostgresContainer
-
-    password = "postgres"
-    container = PostgresContainer(
-        "postgres:15-alpine", username=PG_SUPERUSER, password=password, dbname="postgres"
+            cluster = _throwaway_cluster(env)
+            if cluster is None:
+                raise _StartFailed(f"pg_createcluster left no cluster {CLUSTER_NAME}")
+        elif not cluster.get("running"):
+            _progress(f"postgres: starting throwaway cluster {cluster['version']}/{CLUSTER_NAME}")
+            _run(["pg_ctlcluster", str(cluster["version"]), CLUSTER_NAME, "start"], env)
+        else:
+            _progress(f"postgres: reusing throwaway cluster on {LOCAL_HOST}:{cluster['port']}")
+    base_url = f"postgresql://{PG_SUPERUSER}@{LOCAL_HOST}:{int(cluster['port'])}"
+    _wait(
+        lambda: _pg_probe(base_url), "the throwaway PostgreSQL", cluster.get("logfile") or str(log)
     )
-    container.start()
-    _CONTAINERS.append(container)
-    host = container.get_container_host_ip()
-    port = container.get_exposed_port(5432)
-    return f"postgresql://{PG_SUPERUSER}:{password}@{host}:{port}"
+    return base_url
 
 
 def ensure_postgres(state_dir: Path | None = None) -> str:
     """Return the base URL of a PostgreSQL server that answers, starting one if needed.
 
     The URL names no database, e.g. `postgresql://postgres@127.0.0.1:5432`; append `/<name>`
-    (or call `ensure_database`). Resolution order: `DATABASE_URL` (its database and query are
-    dropped from the base), a server on 127.0.0.1:5432 (as `postgres`, then as the current OS
-    user), a throwaway server from local binaries kept in `state_dir` (default
-    `/var/tmp/jobq-servers`), then a testcontainers container if a Docker daemon answers.
-    Each probe waits at most `CONNECT_TIMEOUT_S` seconds; a fresh server `START_TIMEOUT_S`.
+    or call `ensure_database`. Order: `DATABASE_URL` (its database and query dropped), a server
+    on 127.0.0.1:5432 (as `postgres`, then as the current OS user), the throwaway cluster in
+    `state_dir` (default `DEFAULT_STATE_DIR`). A probe waits at most `CONNECT_TIMEOUT_S`
+    seconds, a fresh server `START_TIMEOUT_S`.
 
-    Raises ServerUnavailable when `DATABASE_URL` is set but does not answer, or when no
-    server can be found or started (the message says what to install).
+    Raises ServerUnavailable when `DATABASE_URL` is set but does not answer, or when no server
+    can be found or started (the message says how to get one).
     """
     env_url = os.environ.get("DATABASE_URL", "").strip()
     if env_url:
         base, database = _pg_split(env_url)
-        if urlsplit(env_url).query:
-            _progress("postgres: note: the query string of DATABASE_URL is not kept in the base")
         reason = _pg_probe(base, database or "postgres")
         if reason is not None:
             raise ServerUnavailable(
                 f"PostgreSQL at DATABASE_URL={_redact(env_url)} does not answer ({reason}): "
                 "start that server, fix the URL, or unset DATABASE_URL to find or start one"
             )
-        _progress(f"postgres: using DATABASE_URL server on {_host_port(base)}")
+        _progress(f"postgres: using the DATABASE_URL server {_redact(base)}")
         return base
 
-    users = [PG_SUPERUSER]
-    with contextlib.suppress(Exception):
-        if getpass.getuser() not in users:
-            users.append(getpass.getuser())
-    reasons: list[str] = []
+    users, reasons = [PG_SUPERUSER], []
+    with contextlib.suppress(Exception):  # getpass fails for a uid without a name
+        users += [getpass.getuser()] if getpass.getuser() != PG_SUPERUSER else []
     for user in users:
         base = f"postgresql://{user}@{LOCAL_HOST}:{DEFAULT_PG_PORT}"
         reason = _pg_probe(base)
         if reason is None:
-            _progress(f"postgres: using server on {LOCAL_HOST}:{DEFAULT_PG_PORT} as {user}")
+            _progress(f"postgres: using the server on {LOCAL_HOST}:{DEFAULT_PG_PORT} as {user}")
             return base
         reasons.append(f"as {user}: {reason}")
-    _progress(
-        f"postgres: no usable server on {LOCAL_HOST}:{DEFAULT_PG_PORT} ({'; '.join(reasons)})"
+    _progress(f"postgres: none on {LOCAL_HOST}:{DEFAULT_PG_PORT} ({'; '.join(reasons)})")
+    return _throwaway(
+        _start_throwaway_postgres, state_dir, "PostgreSQL", DEFAULT_PG_PORT, PG_INSTALL_HINT
     )
-
-    try:
-        return _start_throwaway_postgres(state_dir or DEFAULT_STATE_DIR)
-    except _StartFailed as exc:
-        local_failure = str(exc)
-        _progress(f"postgres: no throwaway server: {local_failure}")
-
-    if _docker_answers():
-        _progress("postgres: starting a testcontainers container (postgres:15-alpine)")
-        try:
-            return _start_postgres_container()
-        except Exception as exc:
-            raise ServerUnavailable(f"PostgreSQL container failed to start: {exc}") from exc
-    _progress("postgres: no Docker daemon answers, skipping testcontainers")
-    raise ServerUnavailable(f"PostgreSQL not found ({local_failure}): {PG_INSTALL_HINT}")
-
-
-def _quote_ident(name: str) -> str:
-    """Quote an SQL identifier."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 async def _create_database(base_url: str, name: str) -> bool:
@@ -599,8 +340,9 @@ async def _create_database(base_url: str, name: str) -> bool:
     try:
         if await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
             return False
+        quoted = '"' + name.replace('"', '""') + '"'
         try:
-            await conn.execute(f"CREATE DATABASE {_quote_ident(name)}")
+            await conn.execute(f"CREATE DATABASE {quoted}")
         except (asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
             return False  # created concurrently by another process
         return True
@@ -645,26 +387,13 @@ def _redis_client(url: str) -> redis.Redis:
 
 
 def _redis_probe(url: str) -> str | None:
-    """Return None when Redis at `url` answers PING, else the reason."""
+    """None when Redis at `url` answers PING, else the reason."""
     try:
-        client = _redis_client(url)
-        try:
+        with _redis_client(url) as client:
             client.ping()
-        finally:
-            client.close()
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
-
-
-def _redis_ping_raw(host: str, port: int) -> bool:
-    """True when a server at host:port answers an inline `PING` with `+PONG`."""
-    try:
-        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
 
 
 def _redis_base(url: str) -> str:
@@ -675,85 +404,65 @@ def _redis_base(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
 
 
-def _redis_serves(port: int, state_dir: Path) -> bool:
-    """True when the Redis on 127.0.0.1:`port` answers and runs in `state_dir` (so it is ours)."""
+def _redis_dir(port: int) -> Path | None:
+    """The working directory of the Redis on 127.0.0.1:`port`, or None when none answers."""
     try:
-        client = _redis_client(f"redis://{LOCAL_HOST}:{port}")
-        try:
-            config: dict[str, str] = client.config_get("dir")  # type: ignore[assignment]
-        finally:
-            client.close()
+        with _redis_client(f"redis://{LOCAL_HOST}:{port}") as client:
+            served = client.config_get("dir").get("dir")
     except Exception:
-        return False
-    served = config.get("dir", b"")
-    served = served.decode() if isinstance(served, bytes) else str(served)
-    return os.path.realpath(served) == os.path.realpath(state_dir)
+        return None
+    return Path(served.decode() if isinstance(served, bytes) else str(served)).resolve()
+
+
+def _port_free(port: int) -> bool:
+    """True when a listener could bind 127.0.0.1:`port` now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((LOCAL_HOST, port))
+        except OSError:
+            return False
+    return True
 
 
 def _start_throwaway_redis(state_dir: Path) -> str:
-    """Start (or reuse) a throwaway `redis-server` on 127.0.0.1; return its URL (no database).
+    """Start (or find) the throwaway `redis-server`; return its URL (no database).
 
-    Runs daemonized without persistence (`--save "" --appendonly no`) with its working dir in
-    `state_dir`, logging to `<state_dir>/redis.log`; the port (from 56379 on) is recorded in
-    `<state_dir>/redis.json` so later calls reuse it. Raises `_StartFailed` on failure.
+    It runs daemonized on the first free port of `THROWAWAY_REDIS_PORTS`, bound to 127.0.0.1,
+    without persistence, with `state_dir` as its working directory and `<state_dir>/redis.log`
+    as its log; a later call finds it by that directory. Raises `_StartFailed`.
     """
     server = shutil.which("redis-server")
     if server is None:
         raise _StartFailed("no redis-server on PATH")
-    state_dir = _prepare_state_dir(state_dir)
     log = state_dir / "redis.log"
-    state_file = state_dir / "redis.json"
     with _locked(state_dir / "redis.lock"):
-        port = _read_state(state_file).get("port")
-        if isinstance(port, int) and _redis_serves(port, state_dir):
-            _progress(f"redis: reusing throwaway server on {LOCAL_HOST}:{port}")
-            return f"redis://{LOCAL_HOST}:{port}"
-        port = _free_port(THROWAWAY_REDIS_PORT)
-        _progress(f"redis: starting throwaway server {server} on {LOCAL_HOST}:{port} (log {log})")
-        pidfile = state_dir / "redis.pid"
+        for port in THROWAWAY_REDIS_PORTS:
+            if _redis_dir(port) == state_dir:
+                _progress(f"redis: reusing throwaway server on {LOCAL_HOST}:{port}")
+                return f"redis://{LOCAL_HOST}:{port}"
+        port = next((p for p in THROWAWAY_REDIS_PORTS if _port_free(p)), 0)
+        if not port:
+            raise _StartFailed(f"no free port in {THROWAWAY_REDIS_PORTS}")
+        _progress(f"redis: starting throwaway server on {LOCAL_HOST}:{port} (log {log})")
         _run(
-            [
-                server, "--port", str(port), "--bind", LOCAL_HOST, "--daemonize", "yes",
-                "--save", "", "--appendonly", "no", "--dir", str(state_dir),
-                "--logfile", str(log), "--pidfile", str(pidfile),
-            ],
-            cwd=state_dir,
-            timeout=START_TIMEOUT_S,
+            [server, "--port", str(port), "--bind", LOCAL_HOST, "--daemonize", "yes",
+             "--save", "", "--appendonly", "no", "--dir", str(state_dir),
+             "--logfile", str(log), "--pidfile", str(state_dir / "redis.pid")]
         )  # fmt: skip
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _redis_ping_raw(LOCAL_HOST, port):
-            if time.monotonic() > deadline:
-                raise _StartFailed(
-                    f"redis-server not answering after {START_TIMEOUT_S:.0f} s\n"
-                    f"  last lines of {log}:\n{_log_tail(log)}"
-                )
-            time.sleep(0.1)
-        _write_state(state_file, {"port": port, "log": str(log), "pidfile": str(pidfile)})
-        return f"redis://{LOCAL_HOST}:{port}"
-
-
-def _start_redis_container() -> str:
-    """Start a Redis 7 container (kept for this process's lifetime); return its URL."""
-    from testcontainers.community.redis import RedisContainer
-
-    container = RedisContainer("redis:7-alpine")
-    container.start()
-    _CONTAINERS.append(container)
-    host = container.get_container_host_ip()
-    port = container.get_exposed_port(6379)
-    return f"redis://{host}:{port}"
+    url = f"redis://{LOCAL_HOST}:{port}"
+    _wait(lambda: _redis_probe(url), "the throwaway Redis", str(log))
+    return url
 
 
 def ensure_redis(state_dir: Path | None = None) -> str:
     """Return the URL of a Redis server that answers, e.g. `redis://127.0.0.1:6379`.
 
-    The URL names no database number; append `/0` for a client. Resolution order: `REDIS_URL`
-    (its database path dropped), a server on 127.0.0.1:6379, a throwaway `redis-server` kept
-    in `state_dir` (default `/var/tmp/jobq-servers`), then a testcontainers container if a
-    Docker daemon answers. Each probe waits at most `CONNECT_TIMEOUT_S` seconds.
+    The URL names no database number; append `/0` for a client. Order: `REDIS_URL` (its
+    database path dropped), a server on 127.0.0.1:6379, the throwaway `redis-server` of
+    `state_dir` (default `DEFAULT_STATE_DIR`). A probe waits at most `CONNECT_TIMEOUT_S` s.
 
     Raises ServerUnavailable when `REDIS_URL` is set but does not answer, or when no server can
-    be found or started (the message says what to install).
+    be found or started (the message says how to get one).
     """
     env_url = os.environ.get("REDIS_URL", "").strip()
     if env_url:
@@ -764,91 +473,51 @@ def ensure_redis(state_dir: Path | None = None) -> str:
                 f"Redis at REDIS_URL={_redact(env_url)} does not answer ({reason}): "
                 "start that server, fix the URL, or unset REDIS_URL to find or start one"
             )
-        _progress(f"redis: using REDIS_URL server on {_host_port(base)}")
+        _progress(f"redis: using the REDIS_URL server {_redact(base)}")
         return base
 
-    if _redis_ping_raw(LOCAL_HOST, DEFAULT_REDIS_PORT):
-        _progress(f"redis: using server on {LOCAL_HOST}:{DEFAULT_REDIS_PORT}")
-        return f"redis://{LOCAL_HOST}:{DEFAULT_REDIS_PORT}"
-    _progress(f"redis: no server answering PING on {LOCAL_HOST}:{DEFAULT_REDIS_PORT}")
-
-    try:
-        return _start_throwaway_redis(state_dir or DEFAULT_STATE_DIR)
-    except _StartFailed as exc:
-        local_failure = str(exc)
-        _progress(f"redis: no throwaway server: {local_failure}")
-
-    if _docker_answers():
-        _progress("redis: starting a testcontainers container (redis:7-alpine)")
-        try:
-            return _start_redis_container()
-        except Exception as exc:
-            raise ServerUnavailable(f"Redis container failed to start: {exc}") from exc
-    _progress("redis: no Docker daemon answers, skipping testcontainers")
-    raise ServerUnavailable(f"Redis not found ({local_failure}): {REDIS_INSTALL_HINT}")
+    default = f"redis://{LOCAL_HOST}:{DEFAULT_REDIS_PORT}"
+    reason = _redis_probe(default)
+    if reason is None:
+        _progress(f"redis: using the server on {LOCAL_HOST}:{DEFAULT_REDIS_PORT}")
+        return default
+    _progress(f"redis: none on {LOCAL_HOST}:{DEFAULT_REDIS_PORT} ({reason})")
+    return _throwaway(
+        _start_throwaway_redis, state_dir, "Redis", DEFAULT_REDIS_PORT, REDIS_INSTALL_HINT
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Stopping
 
 
-def _stop_throwaway_postgres(state_dir: Path) -> bool:
-    """Stop the throwaway PostgreSQL of `state_dir` if it runs; True when one was stopped."""
-    datadir = state_dir / "postgres"
-    state_file = state_dir / "postgres.json"
-    if not (datadir / "PG_VERSION").exists():
-        return False
-    state = _read_state(state_file)
-    bindir = Path(state["bindir"]) if "bindir" in state else _pg_bindir()
-    runner = _PgRunner(bindir, cwd=state_dir)
-    stopped = False
-    if runner.running(datadir):
-        runner.run("pg_ctl", "stop", "-D", str(datadir), "-m", "fast", "-w", timeout=60)
-        stopped = True
-    state_file.unlink(missing_ok=True)
-    return stopped
-
-
-def _stop_throwaway_redis(state_dir: Path) -> bool:
-    """Stop the throwaway Redis of `state_dir` if it runs; True when one was stopped."""
-    state_file = state_dir / "redis.json"
-    port = _read_state(state_file).get("port")
-    stopped = False
-    if isinstance(port, int) and _redis_serves(port, state_dir):
-        cli = shutil.which("redis-cli")
-        if cli:
-            _run([cli, "-h", LOCAL_HOST, "-p", str(port), "shutdown", "nosave"], cwd=state_dir)
-        else:
-            client = _redis_client(f"redis://{LOCAL_HOST}:{port}")
-            with contextlib.suppress(redis.ConnectionError):
-                client.shutdown(nosave=True)
-            client.close()
-        stopped = True
-    state_file.unlink(missing_ok=True)
-    return stopped
-
-
 def stop_throwaway(state_dir: Path | None = None) -> list[str]:
-    """Stop the throwaway servers that were started in `state_dir`; return what was stopped.
+    """Stop the throwaway servers of `state_dir`; return what was stopped (`postgres`, `redis`).
 
-    Only servers this module started there are touched (a Redis is stopped only when it runs
-    in `state_dir`, a PostgreSQL only through its own data dir), never the machine's own.
-    Data dirs are kept, so the next start is quick. Raises ServerUnavailable when a stop
-    command fails.
+    Only servers started there are touched: the cluster in the state directory's own cluster
+    list, a Redis whose working directory it is; never the machine's own. Data is kept, so the
+    next start is quick (`pg_dropcluster` with `PG_CLUSTER_CONF_ROOT=<state_dir>/clusters`
+    discards the cluster). Raises ServerUnavailable when a stop command fails.
     """
-    state_dir = (state_dir or DEFAULT_STATE_DIR).expanduser().resolve()
+    path = (state_dir or DEFAULT_STATE_DIR).expanduser().resolve()
     stopped: list[str] = []
-    if not state_dir.is_dir():
+    if not path.is_dir():
         return stopped
     try:
-        with _locked(state_dir / "postgres.lock"):
-            if _stop_throwaway_postgres(state_dir):
+        if shutil.which("pg_lsclusters"):
+            env = _cluster_env(path)
+            cluster = _throwaway_cluster(env)
+            if cluster is not None and cluster.get("running"):
+                _run(["pg_ctlcluster", str(cluster["version"]), CLUSTER_NAME, "stop"], env)
                 stopped.append("postgres")
-        with _locked(state_dir / "redis.lock"):
-            if _stop_throwaway_redis(state_dir):
+        for port in THROWAWAY_REDIS_PORTS:
+            if _redis_dir(port) == path:
+                client = _redis_client(f"redis://{LOCAL_HOST}:{port}")
+                with client, contextlib.suppress(redis.ConnectionError):  # it closes as it goes
+                    client.shutdown(nosave=True)
                 stopped.append("redis")
-    except (_StartFailed, OSError) as exc:
-        raise ServerUnavailable(f"could not stop throwaway servers in {state_dir}: {exc}") from exc
+    except (_StartFailed, OSError, ValueError) as exc:
+        raise ServerUnavailable(f"could not stop the throwaway servers in {path}: {exc}") from exc
     return stopped
 
 
@@ -857,15 +526,13 @@ def stop_throwaway(state_dir: Path | None = None) -> list[str]:
 
 
 def _env_lines(database: str | None, state_dir: Path | None) -> list[str]:
-    """The `DATABASE_URL=…` and `REDIS_URL=…` lines for `env` (database created)."""
+    """The `DATABASE_URL=…` and `REDIS_URL=…` lines for `env` (the database created)."""
     env_db_url = os.environ.get("DATABASE_URL", "").strip()
     env_redis_url = os.environ.get("REDIS_URL", "").strip()
-    pg_base = ensure_postgres(state_dir)
     name = database or (_pg_split(env_db_url)[1] if env_db_url else "") or "jobq"
-    database_url = ensure_database(pg_base, name)
-    redis_base = ensure_redis(state_dir)
+    database_url = ensure_database(ensure_postgres(state_dir), name)
     redis_db = urlsplit(env_redis_url).path.strip("/") if env_redis_url else ""
-    redis_url = f"{redis_base}/{redis_db or '0'}"
+    redis_url = f"{ensure_redis(state_dir)}/{redis_db or '0'}"
     return [f"DATABASE_URL={shlex.quote(database_url)}", f"REDIS_URL={shlex.quote(redis_url)}"]
 
 
@@ -888,7 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="database to create and name in DATABASE_URL "
         "(default: the one in DATABASE_URL, else jobq)",
     )
-    sub.add_parser("stop", help="stop the throwaway servers started in the state dir")
+    sub.add_parser("stop", help="stop the throwaway servers of the state dir")
     args = parser.parse_args(argv)
     try:
         if args.command == "env":

@@ -1,9 +1,10 @@
 """`enqueue(connection, …)`: create a job inside the caller's own transaction.
 
-Seed: "order saved but job never queued cannot happen". The job row and its wake-up
-notification commit or roll back with the caller's writes, because they are written through the
-caller's connection by the same statement the queue service uses (`common.enqueue`), with the
-same validation. Workers long-polling the queue are woken at commit by `pg_notify`.
+"Order saved but job never queued" cannot happen (docs/architecture.md#client-library): the job
+row and its wake-up notification commit or roll back with the caller's writes, because they are
+written through the caller's connection by the same statement the queue service uses
+(`common.enqueue`), with the same validation. Workers long-polling the queue are woken at commit
+by `pg_notify`.
 
 Callers running at REPEATABLE READ or SERIALIZABLE must be ready to retry their transaction
 on a serialization failure, as for any other write.

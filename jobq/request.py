@@ -38,7 +38,7 @@ _CAMEL = {
 def build_request(
     task_type: str, payload: dict[str, Any], **options: Unpack[SubmitOptions]
 ) -> SubmitJobRequest:
-    """The request, checked against every bound of DESIGN.md §5.
+    """The request, checked against every bound of docs/architecture.md#bounds.
 
     Raises InvalidInput (with a JSON pointer such as `/taskType`) or PayloadTooLarge.
     """

@@ -96,10 +96,10 @@ async def database_url(postgres_base: str, template_database: str) -> AsyncItera
 
 @pytest.fixture
 async def clean_database(database_url: str) -> str:
-    """The test database with an empty job table."""
+    """The test database with empty job and schedule tables."""
     connection = await asyncpg.connect(database_url)
     try:
-        await connection.execute("TRUNCATE job")
+        await connection.execute("TRUNCATE job, schedule")
     finally:
         await connection.close()
     return database_url

@@ -331,11 +331,14 @@ def _workers(board: dashboard.Dashboard) -> None:
                     f"sum by (queue) (increase(jobq_lease_expired_total{{{QUEUE}}}{RATE}))",
                     "expired {{queue}}",
                 ),
-                Query(f"sum(increase(jobq_released_total{RATE}))", "released"),
+                Query(
+                    f"sum by (reason) (increase(jobq_released_total{{{QUEUE}}}{RATE}))",
+                    "released ({{reason}})",
+                ),
                 Query(f"sum(increase(jobq_worker_lost_leases_total{RATE}))", "lost by a worker"),
             ],
-            "Leases the reaper found expired, leases given back early (worker shutdown), and"
-            " results a worker discarded because its lease was gone.",
+            "Leases the reaper found expired, jobs released before they finished (by reason),"
+            " and results a worker discarded because its lease was gone.",
         )
     )
     board.with_panel(

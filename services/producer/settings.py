@@ -1,4 +1,4 @@
-"""Producer settings (environment variables of DESIGN.md §5)."""
+"""Producer settings (docs/architecture.md#configuration)."""
 
 from __future__ import annotations
 

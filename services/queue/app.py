@@ -96,7 +96,9 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         dsn = plain_database_url(settings.database_url)
-        pool = await create_pool(dsn, size=settings.queue_db_pool_size)
+        pool = await create_pool(
+            dsn, size=settings.queue_db_pool_size, server_settings=settings.session_limits()
+        )
         redis_client = (
             aioredis.from_url(settings.redis_url, socket_timeout=1, socket_connect_timeout=1)
             if settings.redis_url
@@ -111,10 +113,21 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         retention = Retention(
             repository, settings.queue_retention, settings.queue_dead_letter_retention
         )
-        app.state.update(service=service, depth_cache=depth_cache, head_revision=head_revision())
+        app.state.update(
+            pool=pool, service=service, depth_cache=depth_cache, head_revision=head_revision()
+        )
         try:
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(listen_forever(dsn, hub, shutdown))
+                tasks.create_task(
+                    listen_forever(
+                        dsn,
+                        hub,
+                        shutdown,
+                        probe_interval=settings.queue_listen_probe_interval,
+                        probe_timeout=settings.queue_listen_probe_timeout,
+                        reconnected=lambda reason: metrics.listener_reconnects.labels(reason).inc(),
+                    )
+                )
                 tasks.create_task(
                     every("reaper", settings.queue_reaper_interval, reaper.sweep, shutdown)
                 )
@@ -155,16 +168,12 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         cache: DepthCache = state.depth_cache
         return cache
 
-    def provide_metrics() -> QueueMetrics:
-        return metrics
-
     app = Litestar(
         route_handlers=[JobController, queues, redrive, ready, live, metrics_route(registry)],
         lifespan=[lifespan],
         dependencies={
             "service": Provide(provide_service, sync_to_thread=False),
             "depth_cache": Provide(provide_depth_cache, sync_to_thread=False),
-            "metrics": Provide(provide_metrics, sync_to_thread=False),
         },
         exception_handlers=exception_handlers(),
         before_request=require_json_body,

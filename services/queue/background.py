@@ -1,6 +1,7 @@
-"""The queue service's periodic work: reaper, scheduler and depth refresh.
+"""The queue service's periodic work: reaper, scheduler, retention and depth (with database
+health) refresh.
 
-Every replica runs all three; each statement is safe to run concurrently (SKIP LOCKED), so
+Every replica runs them all; each statement is safe to run concurrently (SKIP LOCKED), so
 replicas share the work without electing a leader.
 """
 
@@ -84,7 +85,7 @@ class Scheduler:
 
 
 class Retention:
-    """Deletes finished jobs past their retention, in small batches (DESIGN.md §3):
+    """Deletes finished jobs past their retention in small batches (docs/architecture.md#retention):
     COMPLETED/CANCELLED after `retention` seconds, DEAD_LETTER after `dead_letter_retention`.
     Each batch is its own short transaction, so retention never holds back vacuum."""
 
@@ -114,10 +115,12 @@ class Retention:
 async def refresh_depth(
     repository: JobRepository, cache: DepthCache, metrics: QueueMetrics
 ) -> None:
-    """Read depth from PostgreSQL, publish it as gauges and cache it in Redis; the freshness
-    gauges record when each step last succeeded (the depth-cache-stale alert reads them)."""
+    """Read depth from PostgreSQL, publish it as gauges and cache it in Redis; then read the
+    database's health (one cheap statement) and publish it too. The freshness gauges record
+    when the depth read and the cache write last succeeded (the staleness alerts read them)."""
     rows = await repository.depth()
     metrics.observe_depth(rows)
     metrics.depth_refreshed.set_to_current_time()
     if await cache.store(rows) and metrics.depth_cache_written is not None:
         metrics.depth_cache_written.set_to_current_time()
+    metrics.observe_health(await repository.health())

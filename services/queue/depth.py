@@ -13,7 +13,7 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from common.contracts import JobStatus, QueueDepth
+from common.contracts import DepthSource, JobStatus, QueueDepth, QueuesResponse
 from services.queue.repository import DepthRow, JobRepository
 
 logger = logging.getLogger(__name__)
@@ -26,7 +26,9 @@ class _Snapshot(msgspec.Struct):
     queues: list[QueueDepth]
 
 
-def summarise(rows: list[DepthRow], source: str, refreshed_at: datetime) -> list[QueueDepth]:
+def summarise(
+    rows: list[DepthRow], source: DepthSource, refreshed_at: datetime
+) -> list[QueueDepth]:
     """Fold (queue, status) rows into one `QueueDepth` per queue, sorted by queue name."""
     by_queue: dict[str, dict[str, float]] = {}
     for row in rows:
@@ -61,7 +63,8 @@ class DepthCache:
         ignored (False), as is a cache that is switched off."""
         if self._client is None:
             return False
-        snapshot = _Snapshot(datetime.now(UTC), summarise(rows, "redis", datetime.now(UTC)))
+        now = datetime.now(UTC)
+        snapshot = _Snapshot(now, summarise(rows, "redis", now))
         try:
             await self._client.set(DEPTH_KEY, msgspec.json.encode(snapshot), px=self._ttl_ms)
         except (RedisError, OSError) as exc:
@@ -69,7 +72,7 @@ class DepthCache:
             return False
         return True
 
-    async def load(self) -> list[QueueDepth] | None:
+    async def load(self) -> QueuesResponse | None:
         """The cached snapshot, or None when absent, expired, unreadable or Redis is down."""
         if self._client is None:
             return None
@@ -81,9 +84,12 @@ class DepthCache:
         if raw is None:
             return None
         try:
-            return msgspec.json.decode(raw, type=_Snapshot).queues
+            snapshot = msgspec.json.decode(raw, type=_Snapshot)
         except msgspec.DecodeError:
             return None
+        return QueuesResponse(
+            queues=snapshot.queues, source="redis", refreshed_at=snapshot.refreshed_at
+        )
 
     async def ping(self) -> bool:
         """True when Redis answers PING (reported by readiness, never required by it)."""
@@ -95,10 +101,14 @@ class DepthCache:
             return False
 
 
-async def current_depth(repository: JobRepository, cache: DepthCache) -> list[QueueDepth]:
-    """Depth per queue: from the Redis cache when fresh, else counted in PostgreSQL."""
+async def current_depth(repository: JobRepository, cache: DepthCache) -> QueuesResponse:
+    """Depth per queue: from the Redis cache when fresh, else counted in PostgreSQL (at the
+    database's time); the reply says which, even when there are no queues."""
     cached = await cache.load()
     if cached is not None:
         return cached
     rows = await repository.depth()
-    return summarise(rows, "postgres", await repository.now())
+    now = await repository.now()
+    return QueuesResponse(
+        queues=summarise(rows, "postgres", now), source="postgres", refreshed_at=now
+    )

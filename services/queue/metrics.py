@@ -1,12 +1,14 @@
-"""Prometheus metrics of the queue service (DESIGN.md §6), on a registry owned by the app."""
+"""Prometheus metrics of the queue service (docs/architecture.md#metrics), on the app's registry."""
 
 from __future__ import annotations
+
+import math
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from common.contracts import JobStatus
 from common.metrics import BoundedLabel
-from services.queue.repository import DepthRow
+from services.queue.repository import DatabaseHealth, DepthRow
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _END_TO_END_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -50,7 +52,8 @@ class QueueMetrics:
         )
         self.claim_duration = Histogram(
             "jobq_claim_duration_seconds",
-            "Time of one claim statement.",
+            "Time of one claim statement (pool checkout, statement, commit); a long poll "
+            "observes each of its re-checks, never its wait.",
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
@@ -75,7 +78,39 @@ class QueueMetrics:
 
         self.released = Counter(
             "jobq_released",
-            "Leases given back early with a heartbeat of 0 (worker shutdown, SQS visibility 0).",
+            "Jobs released back to the queue before they finished, by reason (shutdown: the "
+            "worker stopped; requested: a release without a reason; client_gone: claimed for a "
+            "long poll whose client left).",
+            ["queue", "reason"],
+            registry=registry,
+        )
+        self.listener_reconnects = Counter(
+            "jobq_listener_reconnects",
+            "LISTEN connections replaced, by why the previous one ended "
+            "(silent: its probe did not come back; closed; error: connecting or LISTEN failed).",
+            ["reason"],
+            registry=registry,
+        )
+
+        self.oldest_transaction_age = Gauge(
+            "jobq_db_oldest_transaction_age_seconds",
+            "Age of the oldest open transaction holding a snapshot in the queue's database: how "
+            "long vacuum has been held back.",
+            registry=registry,
+        )
+        self.live_tuples = Gauge(
+            "jobq_db_live_tuples", "Live rows of a table.", ["table"], registry=registry
+        )
+        self.dead_tuples = Gauge(
+            "jobq_db_dead_tuples",
+            "Dead rows of a table, waiting for vacuum.",
+            ["table"],
+            registry=registry,
+        )
+        self.last_vacuum_age = Gauge(
+            "jobq_db_last_vacuum_age_seconds",
+            "Seconds since the latest VACUUM or autovacuum of a table (NaN before the first).",
+            ["table"],
             registry=registry,
         )
         self.depth_refreshed = Gauge(
@@ -90,6 +125,14 @@ class QueueMetrics:
                 "Unix time of the last depth snapshot written to the Redis cache.",
                 registry=registry,
             )
+
+    def observe_health(self, health: DatabaseHealth) -> None:
+        """Publish one reading of the database's health (the `job` table's figures)."""
+        self.oldest_transaction_age.set(health.oldest_transaction_age_seconds)
+        self.live_tuples.labels("job").set(health.live_tuples)
+        self.dead_tuples.labels("job").set(health.dead_tuples)
+        age = health.last_vacuum_age_seconds
+        self.last_vacuum_age.labels("job").set(math.nan if age is None else age)
 
     def observe_depth(self, rows: list[DepthRow]) -> None:
         """Publish a fresh depth snapshot; queues that emptied report 0, not a stale value."""

@@ -1,4 +1,5 @@
-"""The `job` table of DESIGN.md §3, with its named partial indexes.
+"""The `job` table (docs/architecture.md#storage) with its named partial indexes, and the
+`schedule` table that remembers which cron bucket each recurring schedule last fired.
 
 This module is the schema's source of truth; every change ships as an alembic revision, and a
 test runs `alembic check` to prove the migrations and this module agree.
@@ -109,3 +110,21 @@ class Job(Base):
         Index("ix_job_queue_id", "queue", text("id DESC")),
         AUTOVACUUM_SETTINGS,
     )
+
+
+class ScheduleState(Base):
+    """One recurring schedule's state: the latest cron bucket it fired.
+
+    A replica fires a bucket only by moving `last_bucket` forward in the same transaction as
+    the job's insert, so replicas and restarts agree whatever retention has deleted. Rows of
+    schedules no longer configured are kept (they are a few bytes) so a schedule that comes
+    back does not fire a bucket it already fired.
+    """
+
+    __tablename__ = "schedule"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    cron: Mapped[str] = mapped_column(Text)
+    last_bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    fired_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

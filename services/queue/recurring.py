@@ -1,10 +1,14 @@
 """Recurring jobs: cron schedules from configuration, fired by every queue-service replica.
 
 Each schedule's current *bucket* is the latest cron time at or before now (database time).
-Every replica submits the bucket's job with the idempotency key `<name>:<bucket start>`, so
-however many replicas fire, exactly one job exists per bucket (pg-boss and River schedule the
-same way: deduplication instead of leader election). A bucket missed while every replica was
-down fires once, late, when one comes up within it.
+A bucket fires by moving the schedule's `last_bucket` (table `schedule`) forward in the same
+transaction as the job's insert, so however many replicas fire, and however often they restart,
+exactly one job exists per bucket, even long after retention deleted it (deduplication instead
+of leader election, as pg-boss and River schedule; the state row is what their cron tables
+keep). The job also carries the idempotency key `<name>:<bucket start>`.
+
+First start and downtime: a schedule with no state fires its latest bucket at once; after
+downtime only the latest missed bucket fires, once, never one job per missed bucket.
 """
 
 from __future__ import annotations
@@ -78,8 +82,9 @@ def parse_schedules(raw: str) -> list[Schedule]:
 
 
 class Recurring:
-    """Fires `schedules` through `service`; remembers the last bucket fired per schedule so a
-    replica sends each bucket once (other replicas' sends are idempotent replays)."""
+    """Fires `schedules` through `service`. The database decides which replica fires a bucket;
+    the last bucket seen per schedule is remembered in process only to spare the database a
+    statement per schedule per tick."""
 
     def __init__(self, service: QueueService, schedules: list[Schedule]) -> None:
         self._service = service
@@ -111,7 +116,8 @@ class Recurring:
 
     async def _fire_one(self, schedule: Schedule, now: datetime) -> int:
         bucket = schedule.bucket(now)
-        if self._fired.get(schedule.name) == bucket:
+        seen = self._fired.get(schedule.name)
+        if seen is not None and bucket <= seen:
             return 0
         request = EnqueueRequest(
             task_type=schedule.task_type,
@@ -120,14 +126,16 @@ class Recurring:
             priority=schedule.priority,
             idempotency_key=f"{schedule.name}:{bucket.isoformat()}",
         )
-        submitted = await self._service.enqueue(request)
+        created = await self._service.enqueue_scheduled(
+            schedule.name, schedule.cron, bucket, request
+        )
         self._fired[schedule.name] = bucket
-        if not submitted.created:
+        if created is None:
             return 0
         logger.info(
             "schedule %s fired for %s",
             schedule.name,
             bucket.isoformat(),
-            extra={"event": "schedule_fired", "job_id": str(submitted.response.job_id)},
+            extra={"event": "schedule_fired", "job_id": str(created.id)},
         )
         return 1

@@ -85,7 +85,8 @@ class Settled:
 
 @dataclass(frozen=True, slots=True)
 class Extended:
-    """Outcome of one heartbeat: the job's status and lease end now, and any cancel request."""
+    """Outcome of one heartbeat: the job's status and lease end now, any cancel request, and
+    whether it was a release."""
 
     id: uuid.UUID
     queue: str
@@ -93,6 +94,7 @@ class Extended:
     status: JobStatus
     visible_at: datetime
     cancel_requested: bool
+    released: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +117,23 @@ class Backoff:
     base_delay: float
     multiplier: float
     max_delay: float
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseHealth:
+    """What holds back or needs vacuum (read by `JobRepository.health`).
+
+    `oldest_transaction_age_seconds`: age of the oldest open transaction in this database that
+    holds a snapshot or a transaction id (0 when none), i.e. how far back the xmin horizon is
+    pinned. `live_tuples`/`dead_tuples`: of the `job` table, from the statistics collector.
+    `last_vacuum_age_seconds`: since the latest VACUUM or autovacuum of `job`, None before the
+    first.
+    """
+
+    oldest_transaction_age_seconds: float
+    live_tuples: int
+    dead_tuples: int
+    last_vacuum_age_seconds: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,10 +354,10 @@ SELECT reaped.*, (SELECT count(*) FROM woken) AS notified FROM reaped
 # near the end of the timestamp range cannot overflow.
 _HEARTBEAT = f"""
 WITH entries AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[])
-        AS e(id, receipt_handle, visibility_timeout)
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::text[])
+        AS e(id, receipt_handle, visibility_timeout, reason)
 ), decided AS (
-    SELECT job.id, entries.visibility_timeout,
+    SELECT job.id, entries.visibility_timeout, entries.reason,
            statement_timestamp() + make_interval(secs => entries.visibility_timeout) AS lease_end,
            CASE WHEN entries.visibility_timeout > 0 THEN 'PROCESSING'
                 WHEN job.cancel_requested THEN 'CANCELLED'
@@ -368,9 +387,17 @@ WITH entries AS (
         last_error = CASE WHEN decided.next_status = 'DEAD_LETTER'
                           THEN 'released too often: more than 3 x maxAttempts releases'
                           ELSE job.last_error END,
+        -- A release says why in the job's history (not in last_error: it is no failure).
+        errors = CASE WHEN decided.visibility_timeout = 0 THEN {
+    _append_error(
+        "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(),"
+        " 'error', 'released: ' || decided.reason)"
+    )
+} ELSE job.errors END,
         updated_at = statement_timestamp()
     FROM decided WHERE job.id = decided.id
-    RETURNING job.id, job.queue, job.task_type, job.status, job.visible_at, job.cancel_requested
+    RETURNING job.id, job.queue, job.task_type, job.status, job.visible_at, job.cancel_requested,
+              decided.visibility_timeout = 0 AS released
 ), woken AS ({_notify_ready("extended")})
 SELECT extended.*, (SELECT count(*) FROM woken) AS notified FROM extended
 """
@@ -469,6 +496,44 @@ GROUP BY queue, status
 """
 
 _SCHEMA_REVISION = "SELECT version_num FROM alembic_version"
+
+# Upsert the schedule's state, but only forward: on a concurrent fire the second replica waits
+# for the first's row lock, then sees its committed bucket and updates nothing.
+_ADVANCE_SCHEDULE = """
+INSERT INTO schedule (name, cron, last_bucket, last_job_id, fired_at)
+VALUES ($1, $2, $3, $4, statement_timestamp())
+ON CONFLICT (name) DO UPDATE
+    SET cron = EXCLUDED.cron, last_bucket = EXCLUDED.last_bucket,
+        last_job_id = EXCLUDED.last_job_id, fired_at = EXCLUDED.fired_at
+    WHERE schedule.last_bucket < EXCLUDED.last_bucket
+RETURNING name
+"""
+
+# The bucket's job existed already (created under its idempotency key before the schedule table
+# did): the bucket counts as fired, but no job of this call backs it.
+_FORGET_SCHEDULE_JOB = "UPDATE schedule SET last_job_id = NULL WHERE name = $1"
+
+# One cheap statement (catalog views, no table scan). Only client sessions of this database
+# count: PostgreSQL computes the horizon for this database's tables from them (and prepared
+# transactions); this session's own short statement is left out. Other roles' sessions show
+# their times only to a superuser or a member of pg_read_all_stats.
+_HEALTH = """
+SELECT GREATEST(
+           (SELECT EXTRACT(EPOCH FROM max(clock_timestamp() - xact_start))
+            FROM pg_stat_activity
+            WHERE datname = current_database() AND pid <> pg_backend_pid()
+              AND backend_type = 'client backend'
+              AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)),
+           (SELECT EXTRACT(EPOCH FROM max(clock_timestamp() - prepared))
+            FROM pg_prepared_xacts WHERE database = current_database()),
+           0)::float8 AS oldest_transaction_age,
+       COALESCE(s.n_live_tup, 0) AS live_tuples,
+       COALESCE(s.n_dead_tup, 0) AS dead_tuples,
+       EXTRACT(EPOCH FROM clock_timestamp() - GREATEST(s.last_vacuum, s.last_autovacuum)
+       )::float8 AS last_vacuum_age
+FROM (SELECT 1) AS one
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = 'job'::regclass
+"""
 
 CLAIM_STATEMENT = _CLAIM
 """The claim statement itself, for plan-regression tests (EXPLAIN of the real statement)."""
@@ -727,16 +792,18 @@ class JobRepository:
         ]
 
     async def heartbeat_many(
-        self, entries: Sequence[tuple[uuid.UUID, uuid.UUID, int]]
+        self, entries: Sequence[tuple[uuid.UUID, uuid.UUID, int, str]]
     ) -> list[Extended]:
-        """For each `(id, receipt handle, visibility timeout)` whose handle is current: extend
-        the lease to that many seconds from now (capped at 12 h after the claim), or release
-        the job when it is 0. One statement; returns the jobs it changed."""
+        """For each `(id, receipt handle, visibility timeout, reason)` whose handle is current:
+        extend the lease to that many seconds from now (capped at 12 h after the claim), or
+        release the job when it is 0, recording `released: <reason>` in its errors. One
+        statement; returns the jobs it changed."""
         rows = await self._fetch(
             _HEARTBEAT,
             [entry[0] for entry in entries],
             [entry[1] for entry in entries],
             [entry[2] for entry in entries],
+            [entry[3] for entry in entries],
         )
         return [
             Extended(
@@ -746,6 +813,7 @@ class JobRepository:
                 JobStatus(r["status"]),
                 r["visible_at"],
                 r["cancel_requested"],
+                r["released"],
             )
             for r in rows
         ]
@@ -840,6 +908,38 @@ class JobRepository:
         assert row is not None
         value: datetime = row["now"]
         return value
+
+    async def fire_schedule(
+        self, name: str, cron: str, bucket: datetime, row: JobRow
+    ) -> Inserted | None:
+        """Fire recurring schedule `name` for the cron bucket starting at `bucket`: move its
+        `last_bucket` forward and insert `row`, in one transaction. Returns the job created,
+        or None when the bucket was not after the schedule's last one (another replica or an
+        earlier run fired it; a lagging clock never fires an older bucket) or when the row's
+        idempotency key already had a job."""
+        async with self._connection() as conn, conn.transaction():
+            advanced = await conn.fetchrow(_ADVANCE_SCHEDULE, name, cron, bucket, row.id)
+            if advanced is None:
+                return None
+            created = await conn.fetchrow(ENQUEUE_ASYNCPG, encode_rows([row]))
+            if created is None:
+                await conn.execute(_FORGET_SCHEDULE_JOB, name)
+                return None
+        return Inserted(
+            created["id"], created["queue"], created["task_type"], JobStatus(created["status"])
+        )
+
+    async def health(self) -> DatabaseHealth:
+        """The oldest open transaction's age, the `job` table's live and dead tuples and the
+        time since its last vacuum, in one cheap statement over PostgreSQL's statistics views."""
+        row = await self._fetchrow(_HEALTH)
+        assert row is not None
+        return DatabaseHealth(
+            row["oldest_transaction_age"],
+            row["live_tuples"],
+            row["dead_tuples"],
+            row["last_vacuum_age"],
+        )
 
     async def schema_revision(self) -> str | None:
         """The alembic revision the database is at (None before the first migration)."""

@@ -43,9 +43,7 @@ from common.contracts import (
     HeartbeatEntry,
     HeartbeatRequest,
     HeartbeatResponse,
-    HeartbeatResult,
     JobList,
-    JobStatus,
     JobView,
     QueuesResponse,
     RedriveRequest,
@@ -63,7 +61,6 @@ from common.queries import (
 )
 from common.web import problems
 from services.queue.depth import DepthCache, current_depth
-from services.queue.metrics import QueueMetrics
 from services.queue.repository import Claimed
 from services.queue.service import QueueService
 
@@ -85,14 +82,6 @@ class _ClaimedJob(msgspec.Struct, rename="camel"):
 
 class _ClaimReply(msgspec.Struct):
     jobs: list[_ClaimedJob]
-
-
-def _count_releases(metrics: QueueMetrics, results: Sequence[HeartbeatResult]) -> None:
-    """Count the leases a heartbeat of 0 ended (the job is no longer PROCESSING) in
-    `jobq_released_total`."""
-    ended = sum(1 for r in results if r.status == 200 and r.job_status is not JobStatus.PROCESSING)
-    if ended:
-        metrics.released.inc(ended)
 
 
 def encode_claimed(jobs: Sequence[Claimed]) -> bytes:
@@ -203,16 +192,11 @@ class JobController(Controller):
         responses=problems(413, 415),
     )
     async def heartbeat_many(
-        self,
-        data: JSONBody[BatchHeartbeatRequest],
-        service: NamedDependency[QueueService],
-        metrics: NamedDependency[QueueMetrics],
+        self, data: JSONBody[BatchHeartbeatRequest], service: NamedDependency[QueueService]
     ) -> BatchHeartbeatResponse:
         """SQS ChangeMessageVisibilityBatch: up to 100 leases in one statement; one result per
         entry (200 with the lease now and any cancel request, 404 or 409), in order."""
-        reply = await service.heartbeat_many(data.entries)
-        _count_releases(metrics, reply.results)
-        return reply
+        return await service.heartbeat_many(data.entries)
 
     @get("/", summary="List jobs (newest first)", responses=problems())
     async def list_jobs(
@@ -325,7 +309,6 @@ class JobController(Controller):
         job_id: FromPath[uuid.UUID],
         data: JSONBody[HeartbeatRequest],
         service: NamedDependency[QueueService],
-        metrics: NamedDependency[QueueMetrics],
     ) -> HeartbeatResponse:
         """SQS ChangeMessageVisibility: the lease ends `visibilityTimeout` seconds from now
         (12 h cap from the claim); 0 releases the job. The reply carries `cancelRequested`."""
@@ -333,9 +316,9 @@ class JobController(Controller):
             id=job_id,
             receipt_handle=data.receipt_handle,
             visibility_timeout=data.visibility_timeout,
+            reason=data.reason,
         )
         result = await service.heartbeat(entry)
-        _count_releases(metrics, [result])
         assert result.job_status is not None and result.visible_at is not None
         return HeartbeatResponse(
             visible_at=result.visible_at,
@@ -405,8 +388,9 @@ async def redrive(
 async def queues(
     service: NamedDependency[QueueService], depth_cache: NamedDependency[DepthCache]
 ) -> QueuesResponse:
-    """Per-queue counts (from the Redis cache when fresh, else PostgreSQL; see `source`)."""
-    return QueuesResponse(queues=await current_depth(service.repository, depth_cache))
+    """Per-queue counts (from the Redis cache when fresh, else PostgreSQL), with `source` and
+    `refreshedAt` saying which and when."""
+    return await current_depth(service.repository, depth_cache)
 
 
 __all__ = ["JobController", "queues", "redrive"]

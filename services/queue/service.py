@@ -16,6 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from common.coalesce import Coalescer
@@ -40,7 +41,7 @@ from common.contracts import (
     JobView,
     SubmitJobResponse,
 )
-from common.enqueue import JobRow, job_row
+from common.enqueue import Inserted, JobRow, job_row
 from common.errors import (
     IdempotencyConflict,
     InvalidInput,
@@ -362,32 +363,49 @@ class QueueService:
                 results.append(FailResult(id=entry.id, status=code, job_status=status))
         return BatchFailResponse(results=results)
 
-    async def heartbeat_many(self, entries: Sequence[HeartbeatEntry]) -> BatchHeartbeatResponse:
+    async def heartbeat_many(
+        self, entries: Sequence[HeartbeatEntry], *, pointer: str = "/entries/{index}"
+    ) -> BatchHeartbeatResponse:
         """Extend leases from now (SQS ChangeMessageVisibilityBatch), or release jobs with 0,
-        in one statement. Per entry: 200 with the lease now, 404, or 409 when the lease was
-        lost. Raises InvalidInput for repeated ids."""
+        in one statement; a release records `released: <reason>` (default `requested`) in the
+        job's errors. Per entry: 200 with the lease now, 404, or 409 when the lease was lost.
+
+        Raises InvalidInput for repeated ids, or a reason given without a release (pointing
+        at `pointer` formatted with the entry's index).
+        """
         _distinct_ids([entry.id for entry in entries])
-        changed = {
-            job.id: job
-            for job in await self.repository.heartbeat_many(
-                [(e.id, e.receipt_handle, e.visibility_timeout) for e in entries]
-            )
-        }
-        self._record_releases(
-            [job for job in changed.values() if job.status is not JobStatus.PROCESSING]
+        for index, entry in enumerate(entries):
+            if entry.reason is not None and entry.visibility_timeout != 0:
+                where = pointer.format(index=index) + "/reason"
+                raise InvalidInput(
+                    "a reason is only given with a release (visibilityTimeout 0)",
+                    errors=[{"pointer": where, "detail": "only with visibilityTimeout 0"}],
+                )
+        return await self._change_leases(
+            [
+                (e.id, e.receipt_handle, e.visibility_timeout, e.reason or "requested")
+                for e in entries
+            ]
         )
-        missing = {entry.id for entry in entries if entry.id not in changed}
+
+    async def _change_leases(
+        self, entries: Sequence[tuple[uuid.UUID, uuid.UUID, int, str]]
+    ) -> BatchHeartbeatResponse:
+        changed = {job.id: job for job in await self.repository.heartbeat_many(entries)}
+        reasons = {job_id: reason for job_id, _, _, reason in entries}
+        self._record_releases([job for job in changed.values() if job.released], reasons)
+        missing = {job_id for job_id, *_ in entries if job_id not in changed}
         known = await self.repository.leases(list(missing)) if missing else {}
         results = []
-        for entry in entries:
-            job = changed.get(entry.id)
+        for job_id, *_ in entries:
+            job = changed.get(job_id)
             if job is None:
-                status = 409 if entry.id in known else 404
-                results.append(HeartbeatResult(id=entry.id, status=status))
+                status = 409 if job_id in known else 404
+                results.append(HeartbeatResult(id=job_id, status=status))
             else:
                 results.append(
                     HeartbeatResult(
-                        id=entry.id,
+                        id=job_id,
                         status=200,
                         job_status=job.status,
                         visible_at=job.visible_at,
@@ -429,7 +447,7 @@ class QueueService:
 
         Raises JobNotFound, or StaleReceiptHandle when the lease was lost.
         """
-        [result] = (await self.heartbeat_many([entry])).results
+        [result] = (await self.heartbeat_many([entry], pointer="")).results
         _raise_for(entry.id, entry.receipt_handle, result.status)
         return result
 
@@ -543,18 +561,36 @@ class QueueService:
         for (queue, task, outcome), count in counts.items():
             metrics.processed.labels(queue, task, outcome).inc(count)
 
-    def _record_releases(self, released: Sequence[Extended]) -> None:
-        """Count releases that ended a job (cancelled, dead-lettered) and log each release."""
+    def _record_releases(self, released: Sequence[Extended], reasons: dict[uuid.UUID, str]) -> None:
+        """Count releases by reason, and those that ended a job (cancelled, dead-lettered) by
+        outcome; log each release."""
+        metrics = self._metrics
         for job in released:
+            queue = metrics.queue_label(job.queue)
+            metrics.released.labels(queue, reasons[job.id]).inc()
             outcome = _outcome(job.status)
             if outcome != "retry":
-                self._metrics.processed.labels(
-                    self._metrics.queue_label(job.queue),
-                    self._metrics.task_label(job.task_type),
-                    outcome,
-                ).inc()
+                metrics.processed.labels(queue, metrics.task_label(job.task_type), outcome).inc()
             logger.info(
-                "job released: now %s",
+                "job released (%s): now %s",
+                reasons[job.id],
                 job.status,
                 extra={"event": "job_released", "job_id": str(job.id)},
             )
+
+    async def enqueue_scheduled(
+        self, name: str, cron: str, bucket: datetime, request: EnqueueRequest
+    ) -> Inserted | None:
+        """Create the job of recurring schedule `name` for the cron bucket starting at `bucket`,
+        unless that bucket or a later one was fired already (by any replica, at any time: the
+        schedule's state is in PostgreSQL). Returns the job created, or None.
+
+        Raises PayloadTooLarge/InvalidInput for a payload that cannot be stored.
+        """
+        check_payload(request.payload)
+        row = job_row(request, new_job_id(), self._settings.queue_max_attempts)
+        created = await self.repository.fire_schedule(name, cron, bucket, row)
+        if created is not None:
+            queue = self._metrics.queue_label(created.queue)
+            self._metrics.enqueued.labels(queue, self._metrics.task_label(created.task_type)).inc()
+        return created

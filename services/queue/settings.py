@@ -1,4 +1,4 @@
-"""Queue service settings (environment variables of DESIGN.md §5)."""
+"""Queue service settings (docs/architecture.md#configuration)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,10 @@ class QueueSettings(BaseServiceSettings):
     queue_internal_token: Token | None = None
     queue_schedules: str = "[]"
     queue_schedule_interval: Duration = 1.0
+    queue_listen_probe_interval: Duration = 5.0
+    queue_listen_probe_timeout: Duration = 2.0
+    queue_db_statement_timeout: Duration = 15.0
+    queue_db_idle_in_transaction_timeout: Duration = 10.0
 
     @field_validator("queue_schedules")
     @classmethod
@@ -68,6 +72,27 @@ class QueueSettings(BaseServiceSettings):
 
         parse_schedules(value)
         return value
+
+    @field_validator("queue_db_statement_timeout", "queue_db_idle_in_transaction_timeout")
+    @classmethod
+    def _server_limit(cls, value: float) -> float:
+        if value < 0:
+            raise ValueError("a limit must be 0 (off) or a positive duration")
+        return value
+
+    def session_limits(self) -> dict[str, str]:
+        """PostgreSQL settings for the service's own sessions, in milliseconds (0 turns a
+        limit off): `statement_timeout` and `idle_in_transaction_session_timeout`."""
+
+        def milliseconds(seconds: float) -> str:
+            return str(max(1, round(seconds * 1000)) if seconds > 0 else 0)
+
+        return {
+            "statement_timeout": milliseconds(self.queue_db_statement_timeout),
+            "idle_in_transaction_session_timeout": milliseconds(
+                self.queue_db_idle_in_transaction_timeout
+            ),
+        }
 
     @field_validator("database_url")
     @classmethod
@@ -82,6 +107,8 @@ class QueueSettings(BaseServiceSettings):
         "queue_poll_interval",
         "queue_retention_interval",
         "queue_schedule_interval",
+        "queue_listen_probe_interval",
+        "queue_listen_probe_timeout",
     )
     @classmethod
     def _positive_interval(cls, value: float) -> float:

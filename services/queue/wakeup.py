@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import asyncpg
@@ -71,34 +72,119 @@ class WakeupHub:
             self.wake(queue, int(count))
 
 
-async def listen_forever(dsn: str, hub: WakeupHub, shutdown: asyncio.Event) -> None:
+KEEPALIVES = {
+    "tcp_keepalives_idle": "30",
+    "tcp_keepalives_interval": "10",
+    "tcp_keepalives_count": "3",
+}
+"""Server-side TCP keepalives (seconds, seconds, probes) on the LISTEN connection: the traffic
+keeps a NAT or firewall from dropping the idle flow, and PostgreSQL ends the backend of a client
+that vanished. They are not how the replica notices a dead connection; the probe is."""
+
+
+async def listen_forever(
+    dsn: str,
+    hub: WakeupHub,
+    shutdown: asyncio.Event,
+    *,
+    probe_interval: float = 5.0,
+    probe_timeout: float = 2.0,
+    reconnected: Callable[[str], None] = lambda _reason: None,
+) -> None:
     """Hold one LISTEN connection and feed `hub` until `shutdown` is set.
 
-    Reconnects after a lost connection; in the meantime waiters still re-check on their own
-    interval, so a missing notification delays a claim, never loses it.
+    The connection is replaced when the driver reports it closed, and also when it goes
+    silent: after `probe_interval` seconds without any notification the replica notifies
+    itself on a channel of its own and expects to hear it back within `probe_timeout` seconds
+    (a NAT or firewall that drops an idle flow leaves both sockets open, so nothing else would
+    tell). A dead connection is therefore noticed within interval + timeout seconds.
+    `reconnected(reason)` is called for each replacement, with reason `silent`, `closed` or
+    `error` (the connection or LISTEN failed). In the meantime waiters still re-check on their
+    own interval, and every new connection wakes them all once, so a lost notification delays
+    a claim, never loses it.
     """
-
-    def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
-        hub.handle_notification(payload)
-
     while not shutdown.is_set():
-        connection: asyncpg.Connection | None = None
-        try:
-            connection = await asyncpg.connect(dsn, timeout=5)
-            await connection.add_listener(WAKEUP_CHANNEL, on_notify)
-            lost = asyncio.Event()
-            connection.add_termination_listener(lambda _c, lost=lost: lost.set())
-            done = asyncio.ensure_future(shutdown.wait())
-            lost_task = asyncio.ensure_future(lost.wait())
-            await asyncio.wait({done, lost_task}, return_when=asyncio.FIRST_COMPLETED)
-            done.cancel()
-            lost_task.cancel()
-        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-            logger.warning("LISTEN connection failed: %s", exc, extra={"event": "listen_failed"})
-        finally:
-            if connection is not None and not connection.is_closed():
-                with contextlib.suppress(Exception):
-                    await connection.close(timeout=2)
-        if not shutdown.is_set():
+        reason = await _listen_once(dsn, hub, shutdown, probe_interval, probe_timeout)
+        if shutdown.is_set():
+            return
+        reconnected(reason)
+        if reason == "error":
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(shutdown.wait(), timeout=1.0)
+
+
+async def _listen_once(
+    dsn: str, hub: WakeupHub, shutdown: asyncio.Event, probe_interval: float, probe_timeout: float
+) -> str:
+    """Listen on one connection until shutdown (returns "shutdown") or until it is lost
+    ("closed", "silent" or "error")."""
+    loop = asyncio.get_running_loop()
+    probe_channel = f"jobq_probe_{secrets.token_hex(8)}"
+    echoed = asyncio.Event()
+    lost = asyncio.Event()
+    last_heard = loop.time()
+
+    def on_notify(_conn: object, _pid: int, channel: str, payload: str) -> None:
+        nonlocal last_heard
+        last_heard = loop.time()
+        if channel == probe_channel:
+            echoed.set()
+        else:
+            hub.handle_notification(payload)
+
+    connection: asyncpg.Connection | None = None
+    try:
+        connection = await asyncpg.connect(
+            dsn,
+            timeout=5,
+            server_settings={"application_name": "jobq-queue-listener", **KEEPALIVES},
+        )
+        await connection.add_listener(WAKEUP_CHANNEL, on_notify)
+        await connection.add_listener(probe_channel, on_notify)
+        connection.add_termination_listener(lambda _c: lost.set())
+        # Notifications sent while no connection listened are gone: let every waiter re-check.
+        hub.wake_all()
+        while True:
+            quiet_for = loop.time() - last_heard
+            if quiet_for < probe_interval:
+                await _first_of(shutdown, lost, within=probe_interval - quiet_for)
+            if shutdown.is_set():
+                return "shutdown"
+            if lost.is_set():
+                logger.warning(
+                    "LISTEN connection closed; reconnecting", extra={"event": "listen_lost"}
+                )
+                return "closed"
+            if loop.time() - last_heard < probe_interval:
+                continue
+            echoed.clear()
+            try:
+                async with asyncio.timeout(probe_timeout):
+                    await connection.execute("SELECT pg_notify($1, '')", probe_channel)
+                    await echoed.wait()
+            except TimeoutError:
+                logger.warning(
+                    "LISTEN connection silent for %.1fs: its probe did not come back within "
+                    "%.1fs; replacing it",
+                    loop.time() - last_heard,
+                    probe_timeout,
+                    extra={"event": "listen_silent"},
+                )
+                return "silent"
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+        logger.warning("LISTEN connection failed: %s", exc, extra={"event": "listen_failed"})
+        return "error"
+    finally:
+        if connection is not None and not connection.is_closed():
+            # Never wait on a connection that may be dead: close the socket at once.
+            connection.terminate()
+
+
+async def _first_of(*events: asyncio.Event, within: float) -> None:
+    """Wait until any of `events` is set, or `within` seconds pass."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()

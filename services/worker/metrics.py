@@ -1,4 +1,4 @@
-"""Prometheus metrics of a worker replica (DESIGN.md §6)."""
+"""Prometheus metrics of a worker replica (docs/architecture.md#metrics)."""
 
 from __future__ import annotations
 

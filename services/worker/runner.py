@@ -6,7 +6,7 @@ soon as its processor returns; the job's report then travels in a batch with the
 other jobs that finished meanwhile (`Settler`), and the job is done when the queue service
 answered for it. One heartbeat loop extends the leases of running jobs at half their visibility
 timeout (worker's monotonic clock), in batches too; its replies carry cancel requests.
-See docs/architecture.md#workers.
+See docs/architecture.md#worker.
 """
 
 from __future__ import annotations
@@ -334,7 +334,10 @@ class Worker:
             case Stop.SHUTDOWN:
                 # One try only: the process is exiting, and an unreleased lease just expires.
                 release = HeartbeatEntry(
-                    id=job.id, receipt_handle=job.receipt_handle, visibility_timeout=0
+                    id=job.id,
+                    receipt_handle=job.receipt_handle,
+                    visibility_timeout=0,
+                    reason="shutdown",
                 )
                 try:
                     await self._settler.heartbeat(release)

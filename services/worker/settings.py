@@ -1,4 +1,4 @@
-"""Worker settings (environment variables of DESIGN.md §5)."""
+"""Worker settings (docs/architecture.md#configuration)."""
 
 from __future__ import annotations
 

@@ -183,5 +183,6 @@ async def test_job_outliving_the_grace_period_is_released_and_finished_elsewhere
         view = await wait_for_status(client, job_id, {"COMPLETED", "DEAD_LETTER"}, within=30)
 
         assert released["status"] == "PENDING" and released["releases"] == 1, stack.log_tail()
+        assert released["errors"][-1]["error"] == "released: shutdown"
         assert view["status"] == "COMPLETED" and view["lockedBy"] is None
         assert view["attempts"] == 2 and view["releases"] == 1

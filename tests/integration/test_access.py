@@ -1,5 +1,5 @@
-"""Access (DESIGN.md §5a): API keys with roles on the producer, the internal token on the queue
-service, both over real HTTP."""
+"""Access (docs/architecture.md#access): API keys with roles on the producer, the internal
+token on the queue service, both over real HTTP."""
 
 from __future__ import annotations
 

@@ -80,6 +80,41 @@ async def test_a_job_released_on_every_shutdown_still_ends(client: httpx.AsyncCl
     assert "released too often" in view["lastError"]
 
 
+async def test_a_release_records_why_in_errors_and_a_counter(client: httpx.AsyncClient) -> None:
+    job_id = await submit(client)
+    job = await claim_one(client)
+    assert job is not None
+    handle = job["receiptHandle"]
+    refused = await client.post(
+        f"/jobs/{job_id}/heartbeat",
+        json={"receiptHandle": handle, "visibilityTimeout": 30, "reason": "shutdown"},
+    )
+    assert refused.status_code == 422, "a reason belongs to a release (visibilityTimeout 0)"
+    assert refused.json()["errors"][0]["pointer"] == "/reason"
+
+    released = await client.post(
+        f"/jobs/{job_id}/heartbeat",
+        json={"receiptHandle": handle, "visibilityTimeout": 0, "reason": "shutdown"},
+    )
+    assert released.status_code == 200 and released.json()["status"] == "PENDING"
+    again = await claim_one(client)
+    assert again is not None
+    await client.post(
+        f"/jobs/{job_id}/heartbeat",
+        json={"receiptHandle": again["receiptHandle"], "visibilityTimeout": 0},
+    )
+
+    view = (await client.get(f"/jobs/{job_id}")).json()
+    assert [(e["attempt"], e["error"]) for e in view["errors"]] == [
+        (1, "released: shutdown"),
+        (2, "released: requested"),
+    ]
+    assert view["lastError"] is None, "a release is not a failure"
+    metrics = (await client.get("/metrics")).text
+    assert 'jobq_released_total{queue="default",reason="shutdown"} 1.0' in metrics
+    assert 'jobq_released_total{queue="default",reason="requested"} 1.0' in metrics
+
+
 async def test_release_returns_the_job_at_once_without_consuming_an_attempt(
     client: httpx.AsyncClient,
 ) -> None:

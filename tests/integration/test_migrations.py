@@ -25,6 +25,7 @@ async def test_upgrade_check_downgrade_upgrade(
         connection = await asyncpg.connect(url)
         try:
             assert await connection.fetchval("SELECT to_regclass('job')") is None
+            assert await connection.fetchval("SELECT to_regclass('schedule')") is None
         finally:
             await connection.close()
 
@@ -35,6 +36,7 @@ async def test_upgrade_check_downgrade_upgrade(
                 await connection.fetchval("SELECT version_num FROM alembic_version")
                 == head_revision()
             )
+            assert await connection.fetchval("SELECT to_regclass('schedule')") == "schedule"
             indexes = {
                 row["indexname"]
                 for row in await connection.fetch(

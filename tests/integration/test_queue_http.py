@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -15,6 +16,7 @@ from services.queue.app import create_app
 from services.queue.repository import JobRepository
 from services.queue.settings import QueueSettings
 from tests.conftest import serving
+from tests.helpers import eventually
 
 
 @pytest.fixture
@@ -114,6 +116,35 @@ async def test_queue_depth_and_metrics(client: httpx.AsyncClient) -> None:
     metrics = (await client.get("/metrics")).text
     assert 'jobq_enqueued_total{queue="q1",task_type="noop"} 4.0' in metrics
     assert 'jobq_jobs{queue="q1",status="PENDING"} 3.0' in metrics
+
+
+async def test_queue_depth_says_where_it_came_from_even_with_no_queues(
+    client: httpx.AsyncClient, clean_database: str, repository: JobRepository
+) -> None:
+    async def depth() -> dict[str, Any]:
+        reply: dict[str, Any] = (await client.get("/queues")).json()
+        return reply
+
+    # The depth timer caches this empty database's snapshot in Redis (replacing an earlier
+    # test's, which expires in a moment); until it does, PostgreSQL answers.
+    reply = await eventually(
+        depth,
+        lambda r: r["queues"] == [] and r.get("source") == "redis",
+        what="an empty snapshot from the cache",
+    )
+    refreshed = datetime.fromisoformat(reply["refreshedAt"])
+    assert abs((await repository.now() - refreshed).total_seconds()) < 60
+
+    without_redis = QueueSettings(database_url=clean_database, redis_url="")
+    async with serving(create_app(without_redis)) as uncached:
+        direct = (await uncached.get("/queues")).json()
+    assert direct["queues"] == [] and direct["source"] == "postgres"
+    assert (
+        abs(
+            (await repository.now() - datetime.fromisoformat(direct["refreshedAt"])).total_seconds()
+        )
+        < 60
+    )
 
 
 async def test_health(client: httpx.AsyncClient) -> None:

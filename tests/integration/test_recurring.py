@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.queue.background import Retention
 from services.queue.metrics import QueueMetrics
 from services.queue.recurring import Recurring, Schedule, parse_schedules
 from services.queue.repository import JobRepository
@@ -22,8 +23,12 @@ SCHEDULES = (
 )
 
 
-def replica(repository: JobRepository, database_url: str) -> Recurring:
-    """A queue-service replica's recurring firer (its own service object and metrics)."""
+YEARLY = '[{"name": "yearly", "cron": "0 0 1 1 *", "taskType": "noop", "queue": "y"}]'
+
+
+def replica(repository: JobRepository, database_url: str, schedules: str = SCHEDULES) -> Recurring:
+    """A queue-service replica's recurring firer (its own service object and metrics): a new
+    one is what a restarted replica has, with nothing remembered in process."""
     service = QueueService(
         repository,
         WakeupHub(),
@@ -31,7 +36,7 @@ def replica(repository: JobRepository, database_url: str) -> Recurring:
         QueueMetrics(CollectorRegistry()),
         asyncio.Event(),
     )
-    return Recurring(service, parse_schedules(SCHEDULES))
+    return Recurring(service, parse_schedules(schedules))
 
 
 async def test_two_replicas_firing_one_bucket_create_one_job(
@@ -46,11 +51,71 @@ async def test_two_replicas_firing_one_bucket_create_one_job(
 
     assert sorted(created) == [0, 1]
     assert again == 0 and next_bucket == 1
+    assert await job_keys(engine) == [
+        "nightly:2026-11-29T10:05:00+00:00",
+        "nightly:2026-11-29T10:10:00+00:00",
+    ]
+
+
+async def job_keys(engine: AsyncEngine) -> list[str]:
     async with engine.connect() as conn:
-        keys = (
-            (await conn.execute(text("SELECT idempotency_key FROM job ORDER BY 1"))).scalars().all()
+        rows = await conn.execute(text("SELECT idempotency_key FROM job ORDER BY 1"))
+        return [str(key) for key in rows.scalars().all()]
+
+
+async def test_a_bucket_whose_job_retention_deleted_does_not_fire_again_after_a_restart(
+    engine: AsyncEngine, repository: JobRepository, clean_database: str
+) -> None:
+    moment = datetime(2026, 3, 14, 9, 0, 0, tzinfo=UTC)
+    assert await replica(repository, clean_database, YEARLY).fire(moment) == 1
+    [job] = await repository.claim(["y"], "w", 1, 30)
+    assert await repository.ack_many([(job.id, job.receipt_handle, None)])
+    assert await Retention(repository, 0.0, 0.0).purge() == 1
+
+    restarted = [replica(repository, clean_database, YEARLY) for _ in range(2)]
+    later = moment.replace(hour=10)
+    again = await asyncio.gather(*(r.fire(later) for r in restarted))
+
+    assert again == [0, 0], "the 1 January bucket was enqueued a second time"
+    assert await job_keys(engine) == []
+    next_year = await restarted[0].fire(datetime(2027, 1, 1, 0, 0, 1, tzinfo=UTC))
+    assert next_year == 1
+    assert await job_keys(engine) == ["yearly:2027-01-01T00:00:00+00:00"]
+
+
+async def test_after_downtime_only_the_latest_missed_bucket_fires(
+    engine: AsyncEngine, repository: JobRepository, clean_database: str
+) -> None:
+    before = replica(repository, clean_database)
+    assert await before.fire(datetime(2026, 11, 29, 10, 7, 0, tzinfo=UTC)) == 1
+
+    # Down from 10:07 to 10:37: six buckets (10:10 … 10:35) passed without a replica.
+    after = [replica(repository, clean_database) for _ in range(2)]
+    back = datetime(2026, 11, 29, 10, 37, 0, tzinfo=UTC)
+    created = await asyncio.gather(*(r.fire(back) for r in after))
+
+    assert sorted(created) == [0, 1]
+    assert await job_keys(engine) == [
+        "nightly:2026-11-29T10:05:00+00:00",
+        "nightly:2026-11-29T10:35:00+00:00",
+    ]
+    async with engine.connect() as conn:
+        state = (
+            (await conn.execute(text("SELECT name, last_bucket FROM schedule"))).mappings().all()
         )
-    assert keys == ["nightly:2026-11-29T10:05:00+00:00", "nightly:2026-11-29T10:10:00+00:00"]
+    assert [(s["name"], s["last_bucket"]) for s in state] == [
+        ("nightly", datetime(2026, 11, 29, 10, 35, tzinfo=UTC))
+    ]
+
+
+async def test_an_earlier_bucket_never_fires_after_a_later_one(
+    engine: AsyncEngine, repository: JobRepository, clean_database: str
+) -> None:
+    # A replica whose clock reading lags another's must not fire the older bucket.
+    ahead, behind = replica(repository, clean_database), replica(repository, clean_database)
+    assert await ahead.fire(datetime(2026, 11, 29, 10, 10, 1, tzinfo=UTC)) == 1
+    assert await behind.fire(datetime(2026, 11, 29, 10, 9, 59, tzinfo=UTC)) == 0
+    assert await job_keys(engine) == ["nightly:2026-11-29T10:10:00+00:00"]
 
 
 def test_buckets_and_bad_schedules() -> None:

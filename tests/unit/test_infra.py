@@ -35,14 +35,14 @@ def test_worker_stop_grace_covers_its_drain_budget() -> None:
 
 
 def test_every_jobq_image_command_is_one_the_tests_start() -> None:
-    """Each compose service on the jobq image runs a Procfile command (the e2e stack starts
-    those) or the migration the test fixtures run (`alembic upgrade head`)."""
+    """Each compose service built from infra/Dockerfile runs a Procfile command (the e2e stack
+    starts those) or the migration the test fixtures run (`alembic upgrade head`)."""
     compose = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
     started = [*procfile_commands().values(), ["alembic", "upgrade", "head"]]
     on_our_image = {
         name: service["command"]
         for name, service in compose["services"].items()
-        if service.get("image") == "jobq:local"
+        if "build" in service
     }
     assert set(on_our_image) == {"migrate", "queue", "producer", "worker", "smtp"}
     for name, command in on_our_image.items():
@@ -58,3 +58,22 @@ def test_dev_keys_gain_a_grafana_password_without_losing_the_others(tmp_path: Pa
     assert values["JOBQ_API_KEYS"] == "admin:a,submit:s" and values["QUEUE_INTERNAL_TOKEN"] == "t"
     assert len(values["GRAFANA_ADMIN_PASSWORD"]) >= 16
     assert load_or_create(path) == values, "kept in the file"
+
+
+def test_compose_builds_the_runtime_image_and_the_sink_apart() -> None:
+    compose = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
+    dockerfile = (ROOT / "infra" / "Dockerfile").read_text()
+    targets = {
+        name: service["build"]["target"]
+        for name, service in compose["services"].items()
+        if "build" in service
+    }
+    assert targets == {
+        "migrate": "runtime",
+        "queue": "runtime",
+        "producer": "runtime",
+        "worker": "runtime",
+        "smtp": "smtp-sink",
+    }
+    for target in set(targets.values()):
+        assert f" AS {target}\n" in dockerfile, f"infra/Dockerfile has no stage {target}"

@@ -82,7 +82,7 @@ def test_panels_filter_by_the_template_variables() -> None:
     """A jobq metric with a queue label is filtered by $queue wherever a panel selects it."""
     for query in dashboard_queries():
         for selector in re.findall(
-            r"(jobq_(?:jobs|enqueued_total|processed_total|oldest_pending_age_seconds|lease_expired_total|end_to_end_seconds_bucket))\{([^}]*)\}",
+            r"(jobq_(?:jobs|enqueued_total|processed_total|oldest_pending_age_seconds|lease_expired_total|released_total|end_to_end_seconds_bucket))\{([^}]*)\}",
             query.expr,
         ):
             assert "$queue" in selector[1], query

@@ -29,6 +29,8 @@ def test_durations_and_lists_from_the_environment(monkeypatch: pytest.MonkeyPatc
         ("QUEUE_SCHEDULER_INTERVAL", "0"),
         ("QUEUE_VISIBILITY_TIMEOUT", "0"),
         ("DATABASE_URL", "mysql://x"),
+        ("QUEUE_DB_STATEMENT_TIMEOUT", "-1s"),
+        ("QUEUE_LISTEN_PROBE_INTERVAL", "0"),
     ],
 )
 def test_bad_queue_settings_fail_naming_the_variable(
@@ -49,6 +51,19 @@ def test_bad_worker_settings_fail(
     monkeypatch.setenv(variable, value)
     with pytest.raises(ValidationError, match=variable.lower()):
         WorkerSettings()
+
+
+def test_session_limits_are_milliseconds_and_0_turns_one_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("QUEUE_DB_STATEMENT_TIMEOUT", "1.5s")
+    monkeypatch.setenv("QUEUE_DB_IDLE_IN_TRANSACTION_TIMEOUT", "0")
+    assert QueueSettings().session_limits() == {
+        "statement_timeout": "1500",
+        "idle_in_transaction_session_timeout": "0",
+    }
+    monkeypatch.setenv("QUEUE_DB_STATEMENT_TIMEOUT", "0.0001")
+    assert QueueSettings().session_limits()["statement_timeout"] == "1", "never rounded to off"
 
 
 def test_database_url_gets_the_asyncpg_driver() -> None:

@@ -1,4 +1,4 @@
-"""job table: every column and index of DESIGN.md §3
+"""job table: every column and index of docs/architecture.md#storage
 
 Revision ID: 02eba96d7a82
 Revises: (none)

@@ -1,7 +1,7 @@
 """job.ready_at: claim order by the time a job last became ready
 
 Revision ID: b7c41e9a3d20
-Revises: 02eba96d7a82
+Revises: 635b611113d9
 Create Date: 2026-11-30 16:40:00
 
 Expand/contract: the previous release keeps working on this schema. Its inserts get `ready_at`
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "b7c41e9a3d20"
-down_revision: str | None = "02eba96d7a82"
+down_revision: str | None = "635b611113d9"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
