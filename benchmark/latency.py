@@ -50,7 +50,7 @@ def _summary(values_ms: list[float]) -> dict[str, float]:
     }
 
 
-async def _fresh_database(base: str, name: str) -> str:
+async def fresh_database(base: str, name: str) -> str:
     admin = await asyncpg.connect(f"{base}/postgres")
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -71,7 +71,7 @@ async def _fresh_database(base: str, name: str) -> str:
 async def run(jobs: int, rate: float, workers: int) -> dict[str, Any]:
     """Run the measurement; returns the result document (also written to benchmark/results)."""
     base = ensure_postgres()
-    database_url = await _fresh_database(base, "jobq_bench")
+    database_url = await fresh_database(base, "jobq_bench")
     stack = LocalStack(
         database_url,
         ensure_redis() + "/14",
