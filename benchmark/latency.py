@@ -32,6 +32,7 @@ import httpx
 from benchmark.plot import latency_histogram
 from infra.servers import ensure_database, ensure_postgres, ensure_redis
 from infra.stack import ROOT, LocalStack
+from services.worker.settings import DEFAULT_CONCURRENCY
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -112,7 +113,7 @@ async def run(jobs: int, rate: float, workers: int) -> dict[str, Any]:
             "jobs": jobs,
             "rate_per_second": rate,
             "workers": workers,
-            "worker_concurrency": 4,
+            "worker_concurrency": DEFAULT_CONCURRENCY,
             "task_type": "noop",
         },
         "machine": {

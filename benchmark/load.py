@@ -35,6 +35,7 @@ import asyncpg
 from benchmark.latency import RESULTS, fresh_database
 from infra.servers import ensure_postgres, ensure_redis
 from infra.stack import ROOT, LocalStack
+from services.worker.settings import DEFAULT_CONCURRENCY
 
 SCRIPTS = ROOT / "benchmark" / "k6"
 K6 = Path(sys.executable).with_name("k6")
@@ -123,7 +124,12 @@ async def run_on_fresh_stack(
     result = {
         "benchmark": f"k6-{script}",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "settings": {**settings, "script": script, "workers": workers, "worker_concurrency": 4},
+        "settings": {
+            **settings,
+            "script": script,
+            "workers": workers,
+            "worker_concurrency": DEFAULT_CONCURRENCY,
+        },
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
