@@ -6,8 +6,9 @@ The window is read from the database: the first `claimed_at` to the last `finish
 job counts from the moment every replica is ready (the jobs completed before then are left out
 of the division). Every job must end COMPLETED with one attempt.
 
-The `kill -9` variant runs `sleep` jobs (so the run lasts long enough to kill a worker in the
-middle of it) with a short lease and a fast reaper, SIGKILLs one replica once a third of the
+The `kill -9` variant runs `sleep` jobs on 2 replicas x 4 slots (so the run lasts long enough
+to kill a worker in the middle of it, with jobs in its hands) with a short lease and a fast
+reaper, SIGKILLs one replica once a third of the
 jobs are done, and checks that every job still ends COMPLETED exactly once in the database
 (attempts may be 2 for the jobs the killed worker held).
 """
@@ -130,7 +131,7 @@ async def burn_once(
 
 
 async def kill_run(ctx: Context, jobs: int, sleep_ms: int, within: float) -> dict[str, Any]:
-    """The `kill -9` variant on its own stack (2 replicas, default slots, 3 s lease, 200 ms
+    """The `kill -9` variant on its own stack (2 replicas x 4 slots, 3 s lease, 200 ms
     reaper). Returns `{jobs, killed, killed_at_completed, seconds, by_attempts, verified}`;
     `verified.ok` is False if a job was lost, left unfinished or ran more than twice."""
     url = await ctx.database("kill")
@@ -138,7 +139,11 @@ async def kill_run(ctx: Context, jobs: int, sleep_ms: int, within: float) -> dic
         "kill",
         url,
         workers=2,
-        environment={"WORKER_VISIBILITY_TIMEOUT": "3", "QUEUE_REAPER_INTERVAL": "200ms"},
+        environment={
+            "WORKER_CONCURRENCY": "4",
+            "WORKER_VISIBILITY_TIMEOUT": "3",
+            "QUEUE_REAPER_INTERVAL": "200ms",
+        },
     )
     connection = await asyncpg.connect(url)
     try:

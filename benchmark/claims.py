@@ -8,7 +8,8 @@ jobs at a time from a backlog of waiting jobs, each claim acknowledged at once. 
 - `completed_1m`: plus 1,000,000 COMPLETED rows (vacuumed, as autovacuum leaves them);
 - `scheduled_100k`: plus 100,000 SCHEDULED rows due in a day (inserted by the enqueue
   statement);
-- `rr_hold`: a burn-down by two workers (sleep jobs, so it lasts) while a REPEATABLE READ
+- `rr_hold`: a burn-down by 2 workers x 4 slots (10 ms sleep jobs, so it lasts at a steady
+  rate of at most 800 jobs/s) while a REPEATABLE READ
   transaction holds its snapshot for a minute: dead index entries pile up at the head of the
   claim index until it ends. Claim latency is sampled every 50 ms, and p50/p99 per second are
   plotted.
@@ -129,8 +130,8 @@ async def _one_case(url: str, claims: int) -> dict[str, float]:
 async def rr_hold(
     ctx: Context, hold: float, lead: float, tail: float, sleep_ms: int = 10
 ) -> dict[str, Any]:
-    """The `rr_hold` case. A backlog of sleep jobs large enough for two workers with default
-    slots to stay busy for `lead + hold + tail` seconds; the snapshot is taken `lead` seconds
+    """The `rr_hold` case. A backlog of sleep jobs large enough for 2 workers x 4 slots to
+    stay busy for `lead + hold + tail` seconds; the snapshot is taken `lead` seconds
     in and held `hold` seconds. Returns `{hold_s, series: [[t, p50_ms, p99_ms, claims]…] per
     second, before, during_last_10s, after}` (the last three latency summaries in ms; "last
     10 s" is the whole hold when it is shorter)."""
@@ -139,7 +140,7 @@ async def rr_hold(
     backlog = int(2 * 4 * (1000 / sleep_ms) * total * 1.2) + 1000
     connection = await asyncpg.connect(url)
     holder = await asyncpg.connect(url)
-    stack = ctx.stack("claims_rr", url, workers=2)
+    stack = ctx.stack("claims_rr", url, workers=2, environment={"WORKER_CONCURRENCY": "4"})
     pool = await create_pool(url, size=1)
     samples: list[tuple[float, float]] = []
     try:

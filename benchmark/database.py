@@ -44,19 +44,26 @@ async def drop_database(base_url: str, name: str) -> None:
     await admin_execute(base_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-async def make_template(base_url: str) -> None:
-    """(Re)create the migrated template database (`alembic upgrade head`, as production does).
-    Raises subprocess.CalledProcessError with alembic's output when the migration fails."""
-    await drop_database(base_url, TEMPLATE)
-    await admin_execute(base_url, f'CREATE DATABASE "{TEMPLATE}"')
+async def migrated_database(base_url: str, name: str) -> str:
+    """(Re)create database `name` and migrate it (`alembic upgrade head`, as production does);
+    its URL. subprocess.CalledProcessError with alembic's output when the migration fails."""
+    await drop_database(base_url, name)
+    await admin_execute(base_url, f'CREATE DATABASE "{name}"')
+    url = f"{base_url}/{name}"
     await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "alembic", "upgrade", "head"],
         cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": f"{base_url}/{TEMPLATE}"},
+        env={**os.environ, "DATABASE_URL": url},
         check=True,
         capture_output=True,
     )
+    return url
+
+
+async def make_template(base_url: str) -> None:
+    """(Re)create the migrated template database the suite copies."""
+    await migrated_database(base_url, TEMPLATE)
 
 
 async def fresh_database(base_url: str, name: str, migrated: bool = True) -> str:

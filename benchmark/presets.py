@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from benchmark.burndown import Shape
 from benchmark.claims import HistorySizes
+from services.worker.settings import DEFAULT_CONCURRENCY
 
-DEFAULT_SHAPE = Shape(2, 4)
-"""What `make run` starts: two worker replicas, WORKER_CONCURRENCY 4."""
+DEFAULT_SHAPE = Shape(2, DEFAULT_CONCURRENCY)
+"""What `make run` starts: two worker replicas with the default WORKER_CONCURRENCY."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ FULL = Preset(
     raw_loops=(1, 4, 8),
     raw_jobs=20_000,
     ingest_targets=("producer", "queue", "bare"),
-    ingest_rates=(250, 500, 800, 1200, 1600, 2000, 2500, 3000, 4000),
+    ingest_rates=(100, 250, 500, 800, 1200, 1600, 2000, 2500, 3000, 4000),
     ingest_seconds=6,
     ingest_rounds=3,
     pickup_jobs=300,

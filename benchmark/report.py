@@ -36,7 +36,7 @@ def _row(
     }
 
 
-def _burn_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+def _burn_rows(results: dict[str, Any], shape: str) -> list[dict[str, Any]]:
     rounds = results["burn_rounds"]
     jobq = rounds["jobq"]["jobs_per_s"]
     pgq = rounds.get("pgqueuer_b100", {}).get("jobs_per_s")
@@ -44,7 +44,7 @@ def _burn_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     share = _ratio(jobq, pgq)
     rows = [
         _row(
-            "Burn-down, project worker, defaults (2 replicas x 4 slots), median",
+            f"Burn-down, project worker, default settings ({shape}), median",
             jobq,
             "jobs/s",
             ">= 5,000 jobs/s; >= 0.35x pgqueuer b100",
@@ -158,7 +158,7 @@ def summary(document: dict[str, Any]) -> list[dict[str, Any]]:
     results = document["results"]
     pgq = results["burn_rounds"].get("pgqueuer_b100", {}).get("jobs_per_s")
     return [
-        *_burn_rows(results),
+        *_burn_rows(results, document["settings"]["default_shape"]),
         *_ceiling_rows(results, pgq),
         *_ingest_rows(results),
         *_latency_rows(results),

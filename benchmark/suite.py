@@ -26,7 +26,7 @@ from typing import Any
 
 import asyncpg
 
-from benchmark import burndown, claims, ingest, peers, pgbench, plots, rawclient, report
+from benchmark import RESULTS, burndown, claims, ingest, peers, pgbench, plots, rawclient, report
 from benchmark import resources as resources_phase
 from benchmark.burndown import Shape
 from benchmark.context import Context
@@ -35,9 +35,6 @@ from benchmark.presets import DEFAULT_SHAPE, PRESETS, Preset
 from benchmark.progress import Progress
 from benchmark.stats import median
 from infra.servers import ensure_postgres, ensure_redis
-
-RESULTS = Path(__file__).parent / "results"
-
 
 PHASES = 9
 

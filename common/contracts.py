@@ -209,14 +209,38 @@ class JobList(_Wire):
 # --- worker protocol -------------------------------------------------------------------------
 
 
+class AckEntry(_Wire):
+    """One ack of a batch: the job, its receipt handle and an optional result."""
+
+    id: uuid.UUID
+    receipt_handle: uuid.UUID
+    result: Any = None
+
+
+class AckResult(_Wire):
+    """One batch-ack outcome: 200 completed (or a replay), 404 unknown job, 409 stale handle
+    (the lease was lost: the job was handed out again or settled by another claim)."""
+
+    id: uuid.UUID
+    status: int
+
+
 class ClaimRequest(_Wire):
-    """`POST /jobs/next`: claim up to `max` jobs, long-polling up to `wait_seconds`."""
+    """`POST /jobs/next`: claim up to `max` jobs, long-polling up to `wait_seconds`.
+
+    `acks` completes jobs the worker finished since its last claim, in the same statement as
+    the claim (Oban Pro's "bundled acks", one round trip instead of two). A claim that carries
+    acks is answered at once, without long-polling, so the acks' outcomes are never held back.
+    """
 
     worker: WorkerName
     queues: Annotated[list[Name], Meta(min_length=1, max_length=50)]
     max: Annotated[int, Meta(ge=1, le=CLAIM_MAX)] = 1
     wait_seconds: Annotated[float, Meta(ge=0, le=WAIT_SECONDS_MAX)] = 0
     visibility_timeout: ClaimVisibilityTimeout | None = None
+    acks: Annotated[list[AckEntry], Meta(max_length=CLAIM_MAX)] = msgspec.field(
+        default_factory=list
+    )
 
 
 class JobMessage(_Wire):
@@ -234,10 +258,12 @@ class JobMessage(_Wire):
     idempotency_key: str | None
 
 
-class ClaimResponse(_Wire):
-    """`200` reply to a claim: at least one job."""
+class ClaimResponse(_Wire, omit_defaults=True):
+    """`200` reply to a claim: the jobs claimed (at least one, unless the claim carried
+    acks), and one outcome per ack it carried, in order."""
 
     jobs: list[JobMessage]
+    acks: list[AckResult] = msgspec.field(default_factory=list)
 
 
 class AckRequest(_Wire):
@@ -247,26 +273,10 @@ class AckRequest(_Wire):
     result: Any = None
 
 
-class AckEntry(_Wire):
-    """One ack of a batch: the job, its receipt handle and an optional result."""
-
-    id: uuid.UUID
-    receipt_handle: uuid.UUID
-    result: Any = None
-
-
 class BatchAckRequest(_Wire):
     """`POST /jobs/ack`: complete up to 100 jobs in one statement (distinct ids)."""
 
     entries: Annotated[list[AckEntry], Meta(min_length=1, max_length=CLAIM_MAX)]
-
-
-class AckResult(_Wire):
-    """One batch-ack outcome: 200 completed (or a replay), 404 unknown job, 409 stale handle
-    (the lease was lost: the job was handed out again or settled by another claim)."""
-
-    id: uuid.UUID
-    status: int
 
 
 class BatchAckResponse(_Wire):

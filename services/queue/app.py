@@ -83,7 +83,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
     settings = settings or QueueSettings()
     token = settings.queue_internal_token
     registry = CollectorRegistry(auto_describe=True)
-    metrics = QueueMetrics(registry)
+    metrics = QueueMetrics(registry, depth_cache=bool(settings.redis_url))
     # Created here rather than in the lifespan so the server can signal them the moment a
     # shutdown begins, before it waits for in-flight requests: waiting claims then end at once.
     shutdown = asyncio.Event()

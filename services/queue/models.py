@@ -80,7 +80,7 @@ class Job(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     errors: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
     result: Mapped[Any | None] = mapped_column(JSONB)
-    idempotency_key: Mapped[str | None] = mapped_column(Text, unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(Text)
     request_hash: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
@@ -98,6 +98,14 @@ class Job(Base):
             "ready_at",
             "id",
             postgresql_where=text("status = 'PENDING'"),
+        ),
+        # Keys are unique; jobs without one (most) stay out of the index, so their inserts and
+        # state changes do not maintain it.
+        Index(
+            "uq_job_idempotency_key",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=text("idempotency_key IS NOT NULL"),
         ),
         Index("ix_job_scheduler", "visible_at", postgresql_where=text("status = 'SCHEDULED'")),
         Index("ix_job_reaper", "visible_at", postgresql_where=text("status = 'PROCESSING'")),

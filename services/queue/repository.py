@@ -28,7 +28,13 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from common.contracts import ERRORS_HISTORY_MAX, ErrorEntry, JobStatus, JobView
+from common.contracts import (
+    ERRORS_HISTORY_MAX,
+    FINISHED_STATUSES,
+    ErrorEntry,
+    JobStatus,
+    JobView,
+)
 from common.enqueue import (
     ENQUEUE_ASYNCPG,
     FIND_EXISTING_ASYNCPG,
@@ -195,8 +201,9 @@ def _notify_ready(source: str) -> str:
 # however long the backlog, never a sort of every waiting job. Rows locked by another claimer
 # are skipped, not waited for, so claimers never block each other and never share a row.
 # Rows a walk locked but the merge did not pick are unlocked at the end of the statement.
-_CLAIM = f"""
-WITH picked AS (
+# Parameters: $1 queues, $2 max, $3 worker, $4 visibility timeout (seconds).
+_CLAIM_CTES = f"""
+picked AS (
     SELECT candidate.id
     FROM unnest($1::text[]) AS wanted(queue)
     CROSS JOIN LATERAL (
@@ -208,35 +215,59 @@ WITH picked AS (
     ) AS candidate
     ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id
     LIMIT $2
-)
-UPDATE job SET status = 'PROCESSING',
-               attempts = LEAST(job.attempts, {INT_MAX} - 1) + 1,
-               lease_id = gen_random_uuid(),
-               locked_by = $3,
-               claimed_at = statement_timestamp(),
-               visible_at = statement_timestamp() + make_interval(secs => $4),
-               updated_at = statement_timestamp()
-FROM picked WHERE job.id = picked.id
-RETURNING job.id, job.task_type, job.payload::text AS payload_json, job.attempts,
-          job.max_attempts, job.timeout_seconds, job.lease_id, job.visible_at,
-          job.idempotency_key, job.priority, job.ready_at
-"""
+), claimed AS (
+    UPDATE job SET status = 'PROCESSING',
+                   attempts = LEAST(job.attempts, {INT_MAX} - 1) + 1,
+                   lease_id = gen_random_uuid(),
+                   locked_by = $3,
+                   claimed_at = statement_timestamp(),
+                   visible_at = statement_timestamp() + make_interval(secs => $4),
+                   updated_at = statement_timestamp()
+    -- By primary key, not a join with `picked`: the plan, made once for every `max`, must
+    -- not depend on how many rows the LIMIT lets through.
+    WHERE job.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING job.id, job.task_type, job.payload::text AS payload_json, job.attempts,
+              job.max_attempts, job.timeout_seconds, job.lease_id, job.visible_at,
+              job.idempotency_key, job.priority, job.ready_at
+)"""
 
 # Each entry is fenced by its own receipt handle: only the latest claim may complete a job.
-_ACK = """
-WITH entries AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS e(id, receipt_handle, result)
-)
-UPDATE job SET status = 'COMPLETED',
-               result = CAST(entries.result AS jsonb),
-               locked_by = NULL,
-               finished_at = statement_timestamp(),
-               updated_at = statement_timestamp()
-FROM entries
-WHERE job.id = entries.id AND job.lease_id = entries.receipt_handle
-  AND job.status = 'PROCESSING'
-RETURNING job.id, job.queue, job.task_type, job.attempts,
-          EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end
+# Parameters: ids, receipt handles and results (JSON text or NULL), as arrays.
+_ACK_CTES = """
+entries AS (
+    SELECT * FROM unnest({ids}::uuid[], {handles}::uuid[], {results}::text[])
+        AS e(id, receipt_handle, result)
+), acked AS (
+    UPDATE job SET status = 'COMPLETED',
+                   result = CAST(entries.result AS jsonb),
+                   locked_by = NULL,
+                   finished_at = statement_timestamp(),
+                   updated_at = statement_timestamp()
+    FROM entries
+    -- `id = ANY(ids)` lets the plan fetch the rows by primary key, however many jobs run.
+    WHERE job.id = ANY({ids}::uuid[]) AND job.id = entries.id
+      AND job.lease_id = entries.receipt_handle AND job.status = 'PROCESSING'
+    RETURNING job.id, job.queue, job.task_type, job.attempts,
+              EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end
+)"""
+
+_CLAIM = f"WITH {_CLAIM_CTES} SELECT * FROM claimed"
+
+_ACK = f"WITH {_ACK_CTES.format(ids='$1', handles='$2', results='$3')} SELECT * FROM acked"
+
+# A worker's acks and its next claim in one statement: one round trip and one commit (one WAL
+# flush) for both. The acked rows are PROCESSING and the claimed ones PENDING, so the two
+# updates never touch the same row.
+_ACK_AND_CLAIM = f"""
+WITH {_ACK_CTES.format(ids="$5", handles="$6", results="$7")}, {_CLAIM_CTES}
+SELECT true AS is_claim, id, task_type, payload_json, attempts, max_attempts, timeout_seconds,
+       lease_id, visible_at, idempotency_key, priority, ready_at,
+       NULL AS queue, NULL::float8 AS end_to_end
+FROM claimed
+UNION ALL
+SELECT false, id, task_type, NULL, attempts, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       queue, end_to_end
+FROM acked
 """
 
 _LEASES = "SELECT id, lease_id, status FROM job WHERE id = ANY($1::uuid[])"
@@ -282,7 +313,7 @@ WITH entries AS (
                 ELSE 'SCHEDULED' END AS next_status
     FROM job JOIN entries
       ON job.id = entries.id AND job.lease_id = entries.receipt_handle
-    WHERE job.status = 'PROCESSING'
+    WHERE job.id = ANY($1::uuid[]) AND job.status = 'PROCESSING'
     ORDER BY job.id
     FOR UPDATE OF job
 )
@@ -307,13 +338,14 @@ FROM decided WHERE job.id = decided.id
 RETURNING job.id, job.queue, job.task_type, job.status, job.attempts, job.last_error
 """
 
+_EXPIRY_OUTCOME = """(CASE WHEN job.cancel_requested THEN 'CANCELLED'
+          WHEN job.attempts::bigint - job.releases >= job.max_attempts THEN 'DEAD_LETTER'
+          ELSE 'PENDING' END)"""
+"""What an expired lease leads to, from the row as it is now (used twice in one UPDATE)."""
+
 _REAP = f"""
 WITH expired AS (
-    SELECT id,
-           CASE WHEN cancel_requested THEN 'CANCELLED'
-                WHEN attempts::bigint - releases >= max_attempts THEN 'DEAD_LETTER'
-                ELSE 'PENDING' END AS next_status
-    FROM job
+    SELECT id FROM job
     WHERE status = 'PROCESSING' AND visible_at < statement_timestamp()
     ORDER BY visible_at
     LIMIT $1
@@ -322,8 +354,8 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ), reaped AS (
     UPDATE job SET
-        status = expired.next_status,
-        finished_at = CASE WHEN expired.next_status <> 'PENDING' THEN statement_timestamp() END,
+        status = {_EXPIRY_OUTCOME},
+        finished_at = CASE WHEN {_EXPIRY_OUTCOME} <> 'PENDING' THEN statement_timestamp() END,
         -- Expired jobs are ready at once (the expiry consumed the attempt), behind the work
         -- already waiting.
         visible_at = statement_timestamp(),
@@ -339,9 +371,8 @@ WITH expired AS (
         lease_id = NULL,
         locked_by = NULL,
         updated_at = statement_timestamp()
-    FROM expired
-    WHERE job.id = expired.id AND job.status = 'PROCESSING'
-      AND job.visible_at < statement_timestamp()
+    WHERE job.id = ANY(ARRAY(SELECT id FROM expired))
+      AND job.status = 'PROCESSING' AND job.visible_at < statement_timestamp()
     RETURNING job.id, job.queue, job.task_type, job.status
 ), woken AS ({_notify_ready("reaped")})
 SELECT reaped.*, (SELECT count(*) FROM woken) AS notified FROM reaped
@@ -365,7 +396,7 @@ WITH entries AS (
                 ELSE 'PENDING' END AS next_status
     FROM job JOIN entries
       ON job.id = entries.id AND job.lease_id = entries.receipt_handle
-    WHERE job.status = 'PROCESSING'
+    WHERE job.id = ANY($1::uuid[]) AND job.status = 'PROCESSING'
     ORDER BY job.id
     FOR UPDATE OF job
 ), extended AS (
@@ -448,26 +479,30 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE job SET {_RESET_FOR_RETRY}
-    FROM picked WHERE job.id = picked.id AND job.status = 'DEAD_LETTER'
+    WHERE job.id = ANY(ARRAY(SELECT id FROM picked)) AND job.status = 'DEAD_LETTER'
     RETURNING job.queue, job.status
 ), woken AS ({_notify_ready("moved")})
 SELECT count(*) AS moved, (SELECT count(*) FROM woken) AS notified FROM moved
 """
 
 _DELETE_FINISHED = """
-DELETE FROM job WHERE id IN (
+DELETE FROM job WHERE id = ANY(ARRAY(
     SELECT id FROM job
-    -- Matches ix_job_retention's predicate, so this walks the index by finished_at.
-    WHERE status = ANY($1::text[])
-      AND finished_at < statement_timestamp() - make_interval(secs => $2)
+    -- Literal statuses inside ix_job_retention's predicate, so the planner can use the index
+    -- and walk it by finished_at (a parameter could not prove the predicate in a generic plan).
+    WHERE status IN ({statuses})
+      AND finished_at < statement_timestamp() - make_interval(secs => $1)
     ORDER BY finished_at
-    LIMIT $3
+    LIMIT $2
     FOR UPDATE SKIP LOCKED
-)
+))
 """
 
 # A job becomes ready at the moment it came due, so it queues behind work that was waiting
-# before then and ahead of work submitted after.
+# before then and ahead of work submitted after. Statements that update rows a LIMITed CTE
+# picked find them by primary key (`id = ANY(ARRAY(…))`), never by joining the CTE: plans are
+# generic (made once for every parameter value), and a join planned for an unknown LIMIT
+# would scan the whole table.
 _PROMOTE = f"""
 WITH due AS (
     SELECT id FROM job
@@ -479,7 +514,7 @@ WITH due AS (
 ), promoted AS (
     UPDATE job SET status = 'PENDING', ready_at = job.visible_at,
                    updated_at = statement_timestamp()
-    FROM due WHERE job.id = due.id AND job.status = 'SCHEDULED'
+    WHERE job.id = ANY(ARRAY(SELECT id FROM due)) AND job.status = 'SCHEDULED'
     RETURNING job.queue, job.status
 ), woken AS ({_notify_ready("promoted")})
 SELECT queue, count(*) AS promoted, (SELECT count(*) FROM woken) AS notified
@@ -536,7 +571,22 @@ LEFT JOIN pg_stat_user_tables AS s ON s.relid = 'job'::regclass
 """
 
 CLAIM_STATEMENT = _CLAIM
-"""The claim statement itself, for plan-regression tests (EXPLAIN of the real statement)."""
+"""The claim statement itself, for plan-regression tests (EXPLAIN of the real statement):
+parameters ($1 queues, $2 max, $3 worker, $4 visibility timeout in seconds)."""
+
+ACK_AND_CLAIM_STATEMENT = _ACK_AND_CLAIM
+"""The combined ack-and-claim statement, for plan-regression tests: the claim's four
+parameters, then ($5 ids, $6 receipt handles, $7 results as JSON text)."""
+
+# The other transitions, for the same tests (each statement's parameters are documented above
+# it; retention's is the statement for COMPLETED and CANCELLED jobs).
+ACK_STATEMENT = _ACK
+FAIL_STATEMENT = _FAIL
+HEARTBEAT_STATEMENT = _HEARTBEAT
+REAP_STATEMENT = _REAP
+PROMOTE_STATEMENT = _PROMOTE
+REDRIVE_STATEMENT = _REDRIVE
+RETENTION_STATEMENT = _DELETE_FINISHED.format(statuses="'CANCELLED', 'COMPLETED'")
 
 
 _CONTENTION = {"40P01", "40001"}
@@ -632,6 +682,41 @@ def _json_or_null(value: Any) -> str | None:
     return None if value is None else msgspec.json.encode(value).decode()
 
 
+def _claimed(rows: list[asyncpg.Record], visibility_timeout: int) -> list[Claimed]:
+    """Claimed jobs from claim rows, in claim order (priority, ready time, id)."""
+    rows.sort(key=lambda r: (-r["priority"], r["ready_at"], r["id"]))
+    return [
+        Claimed(
+            id=row["id"],
+            task_type=row["task_type"],
+            payload_json=row["payload_json"],
+            attempts=row["attempts"],
+            max_attempts=row["max_attempts"],
+            timeout_seconds=row["timeout_seconds"],
+            receipt_handle=row["lease_id"],
+            visibility_timeout=visibility_timeout,
+            visible_at=row["visible_at"],
+            idempotency_key=row["idempotency_key"],
+        )
+        for row in rows
+    ]
+
+
+def _completed(rows: list[asyncpg.Record]) -> list[Settled]:
+    """Settled (COMPLETED) jobs from ack rows."""
+    return [
+        Settled(
+            r["id"],
+            r["queue"],
+            r["task_type"],
+            JobStatus.COMPLETED,
+            attempts=r["attempts"],
+            end_to_end_seconds=r["end_to_end"],
+        )
+        for r in rows
+    ]
+
+
 class JobRepository:
     """PostgreSQL access for jobs, over an asyncpg pool (see `create_pool`).
 
@@ -717,22 +802,34 @@ class JobRepository:
         """
         names = list(dict.fromkeys(queues))
         rows = await self._fetch(_CLAIM, names, max_jobs, worker, visibility_timeout)
-        rows.sort(key=lambda r: (-r["priority"], r["ready_at"], r["id"]))
-        return [
-            Claimed(
-                id=row["id"],
-                task_type=row["task_type"],
-                payload_json=row["payload_json"],
-                attempts=row["attempts"],
-                max_attempts=row["max_attempts"],
-                timeout_seconds=row["timeout_seconds"],
-                receipt_handle=row["lease_id"],
-                visibility_timeout=visibility_timeout,
-                visible_at=row["visible_at"],
-                idempotency_key=row["idempotency_key"],
-            )
-            for row in rows
-        ]
+        return _claimed(rows, visibility_timeout)
+
+    async def ack_and_claim(
+        self,
+        entries: Sequence[tuple[uuid.UUID, uuid.UUID, Any]],
+        queues: Sequence[str],
+        worker: str,
+        max_jobs: int,
+        visibility_timeout: int,
+    ) -> tuple[list[Claimed], list[Settled]]:
+        """`ack_many(entries)` and `claim(...)` in one statement (one round trip, one commit).
+
+        Returns the jobs claimed, in claim order, and the jobs this call completed.
+        """
+        names = list(dict.fromkeys(queues))
+        rows = await self._fetch(
+            _ACK_AND_CLAIM,
+            names,
+            max_jobs,
+            worker,
+            visibility_timeout,
+            [entry[0] for entry in entries],
+            [entry[1] for entry in entries],
+            [_json_or_null(entry[2]) for entry in entries],
+        )
+        claimed = [row for row in rows if row["is_claim"]]
+        acked = [row for row in rows if not row["is_claim"]]
+        return _claimed(claimed, visibility_timeout), _completed(acked)
 
     async def ack_many(self, entries: Sequence[tuple[uuid.UUID, uuid.UUID, Any]]) -> list[Settled]:
         """Complete every `(id, receipt handle, result)` whose handle is current, in one
@@ -743,17 +840,7 @@ class JobRepository:
             [entry[1] for entry in entries],
             [_json_or_null(entry[2]) for entry in entries],
         )
-        return [
-            Settled(
-                r["id"],
-                r["queue"],
-                r["task_type"],
-                JobStatus.COMPLETED,
-                attempts=r["attempts"],
-                end_to_end_seconds=r["end_to_end"],
-            )
-            for r in rows
-        ]
+        return _completed(rows)
 
     async def leases(
         self, ids: Sequence[uuid.UUID]
@@ -860,13 +947,17 @@ class JobRepository:
     async def delete_finished(
         self, statuses: Sequence[JobStatus], older_than: float, batch: int
     ) -> int:
-        """Delete up to `batch` jobs in `statuses` finished more than `older_than` seconds ago,
-        oldest first, in one short statement; returns how many were deleted."""
+        """Delete up to `batch` jobs in `statuses` (finished ones) finished more than
+        `older_than` seconds ago, oldest first, in one short statement; returns how many were
+        deleted. Raises ValueError for a status that is not a finished one."""
+        if not statuses or not set(statuses) <= FINISHED_STATUSES:
+            raise ValueError(f"retention deletes finished jobs only, not {statuses}")
+        literals = ", ".join(f"'{status.value}'" for status in sorted(set(statuses)))
         async with self._connection() as conn:
-            status: str = await conn.execute(
-                _DELETE_FINISHED, [s.value for s in statuses], older_than, batch
+            done: str = await conn.execute(
+                _DELETE_FINISHED.format(statuses=literals), older_than, batch
             )
-        return int(status.rsplit(" ", 1)[-1])
+        return int(done.rsplit(" ", 1)[-1])
 
     async def list_jobs(
         self,

@@ -111,11 +111,11 @@ def _raise_for(job_id: uuid.UUID, handle: uuid.UUID, status: int) -> None:
         )
 
 
-def _distinct_ids(ids: Sequence[uuid.UUID]) -> None:
+def _distinct_ids(ids: Sequence[uuid.UUID], pointer: str = "/entries") -> None:
     if len(set(ids)) != len(ids):
         raise InvalidInput(
             "each job may appear once per batch",
-            errors=[{"pointer": "/entries", "detail": "repeated id"}],
+            errors=[{"pointer": pointer, "detail": "repeated id"}],
         )
 
 
@@ -270,14 +270,19 @@ class QueueService:
 
     async def claim(
         self, request: ClaimRequest, disconnected: asyncio.Future[Any] | None = None
-    ) -> list[Claimed]:
-        """Claim up to `request.max` jobs, long-polling up to `request.wait_seconds`.
+    ) -> tuple[list[Claimed], list[AckResult]]:
+        """Claim up to `request.max` jobs, long-polling up to `request.wait_seconds`; complete
+        the jobs in `request.acks` first, in the same statement.
 
-        Returns as soon as at least one job is claimed; an empty list when none arrived in
-        time, when the service is shutting down, or when the client went away (`disconnected`
-        completed), in which case nothing is claimed for it.
+        Returns the jobs claimed and one outcome per ack (as `ack_many`). Returns as soon as
+        at least one job is claimed, or at once when the request carried acks; an empty list
+        when none arrived in time, when the service is shutting down, or when the client went
+        away (`disconnected` completed), in which case nothing is claimed for it. Raises
+        InvalidInput for repeated ack ids.
         """
         visibility = request.visibility_timeout or self._settings.queue_visibility_timeout
+        if request.acks:
+            return await self._ack_and_claim(request, visibility)
         deadline = time.monotonic() + request.wait_seconds
         while True:
             started = time.perf_counter()
@@ -287,7 +292,7 @@ class QueueService:
             self._metrics.claim_duration.observe(time.perf_counter() - started)
             if jobs:
                 self._metrics.claim_batch_size.observe(len(jobs))
-                return jobs
+                return jobs, []
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._shutdown.is_set():
                 break
@@ -300,7 +305,30 @@ class QueueService:
             if self._shutdown.is_set() or (disconnected is not None and disconnected.done()):
                 break
         self._metrics.empty_claims.inc()
-        return []
+        return [], []
+
+    async def _ack_and_claim(
+        self, request: ClaimRequest, visibility: int
+    ) -> tuple[list[Claimed], list[AckResult]]:
+        entries = request.acks
+        _distinct_ids([entry.id for entry in entries], "/acks")
+        started = time.perf_counter()
+        jobs, settled = await self.repository.ack_and_claim(
+            [
+                (entry.id, entry.receipt_handle, sanitize_result(entry.result, RESULT_MAX_BYTES))
+                for entry in entries
+            ],
+            request.queues,
+            request.worker,
+            request.max,
+            visibility,
+        )
+        self._metrics.claim_duration.observe(time.perf_counter() - started)
+        if jobs:
+            self._metrics.claim_batch_size.observe(len(jobs))
+        else:
+            self._metrics.empty_claims.inc()
+        return jobs, await self._ack_results(entries, settled)
 
     async def ack_many(self, entries: Sequence[AckEntry]) -> BatchAckResponse:
         """Complete many jobs in one statement, each fenced by its own receipt handle.
@@ -315,17 +343,21 @@ class QueueService:
                 for entry in entries
             ]
         )
+        return BatchAckResponse(results=await self._ack_results(entries, settled))
+
+    async def _ack_results(
+        self, entries: Sequence[AckEntry], settled: Sequence[Settled]
+    ) -> list[AckResult]:
+        """Record the acks applied, and answer every entry (200, or a replay's 200, 404, 409)."""
         self._record(settled)
         done = {job.id for job in settled}
         statuses = await self._replays(
             [(entry.id, entry.receipt_handle) for entry in entries if entry.id not in done]
         )
-        return BatchAckResponse(
-            results=[
-                AckResult(id=entry.id, status=200 if entry.id in done else statuses[entry.id][0])
-                for entry in entries
-            ]
-        )
+        return [
+            AckResult(id=entry.id, status=200 if entry.id in done else statuses[entry.id][0])
+            for entry in entries
+        ]
 
     async def fail_many(self, entries: Sequence[FailEntry]) -> BatchFailResponse:
         """Record many failed attempts in one statement: each job is SCHEDULED after a

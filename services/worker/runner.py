@@ -32,12 +32,13 @@ from common.contracts import (
     ERROR_MAX_BYTES,
     RESULT_MAX_BYTES,
     AckEntry,
+    ClaimResponse,
     FailEntry,
     HeartbeatEntry,
     JobMessage,
     JobStatus,
 )
-from common.errors import JobqError, StaleReceiptHandle
+from common.errors import JobqError, ServiceUnavailable, StaleReceiptHandle
 from common.text import sanitize_result, sanitize_text
 from services.worker.client import QueueClient, Settler
 from services.worker.metrics import WorkerMetrics
@@ -139,6 +140,8 @@ class Worker:
         concurrency = self._settings.worker_concurrency
         async with asyncio.TaskGroup() as tasks:
             heartbeats = tasks.create_task(self._heartbeat_loop())
+            # A finished job frees a slot, which always leads to a claim: its ack rides along.
+            self._settler.carry_acks = True
             while not shutdown.is_set():
                 free = concurrency - self._busy
                 if free <= 0:
@@ -156,42 +159,62 @@ class Worker:
                     self._busy += 1
                     task.add_done_callback(self._finished)
                 self._metrics.active_jobs.set(self._busy)
+            self._settler.carry_acks = False
             await self._drain()
             heartbeats.cancel()
         await self._settler.aclose()
 
     async def _next_jobs(self, free: int, shutdown: asyncio.Event) -> list[JobMessage]:
-        """One long poll for up to `free` jobs; [] on shutdown, or after a failed claim and a
-        capped exponential pause (0.2 s doubling to 5 s)."""
-        try:
-            jobs: list[JobMessage] | None = await _first(self._claim(free), shutdown.wait())
-        except JobqError as exc:
-            self._backoff = min(_CLAIM_BACKOFF_MAX, self._backoff * 2 or 0.2)
-            # Starting before the queue service is normal (compose, honcho): say so once,
-            # quietly; failing after having worked, or for long, is worth a warning.
-            if self._connected or self._backoff >= _CLAIM_BACKOFF_MAX:
-                logger.warning(
-                    "claim failed (%s); retrying in %.1fs",
-                    exc,
-                    self._backoff,
-                    extra={"event": "claim_failed"},
-                )
-            elif self._backoff == 0.2:
-                logger.info(
-                    "waiting for the queue service (%s)", exc, extra={"event": "waiting_for_queue"}
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(shutdown.wait(), timeout=self._backoff)
-            return []
-        self._backoff, self._connected = 0.0, True
-        return jobs or []
+        """One claim for up to `free` jobs, carrying the acks waiting for it; [] on shutdown,
+        or after a failed claim and a capped exponential pause (0.2 s doubling to 5 s).
 
-    async def _claim(self, free: int) -> list[JobMessage]:
+        A claim without acks may long-poll; acks of jobs finishing meanwhile then go on their
+        own rather than wait for it."""
+        carried = self._settler.take_acks()
+        if not carried:
+            self._settler.carry_acks = False
+        try:
+            reply: ClaimResponse | None = await _first(
+                self._claim(free, [entry for entry, _ in carried]), shutdown.wait()
+            )
+        except JobqError as exc:
+            Settler.answer_acks(carried, exc)
+            await self._claim_failed(exc, shutdown)
+            return []
+        finally:
+            self._settler.carry_acks = not shutdown.is_set()
+        if reply is None:
+            Settler.answer_acks(carried, ServiceUnavailable("the worker is shutting down"))
+            return []
+        Settler.answer_acks(carried, reply.acks)
+        self._backoff, self._connected = 0.0, True
+        return reply.jobs
+
+    async def _claim_failed(self, exc: JobqError, shutdown: asyncio.Event) -> None:
+        self._backoff = min(_CLAIM_BACKOFF_MAX, self._backoff * 2 or 0.2)
+        # Starting before the queue service is normal (compose, honcho): say so once, quietly;
+        # failing after having worked, or for long, is worth a warning.
+        if self._connected or self._backoff >= _CLAIM_BACKOFF_MAX:
+            logger.warning(
+                "claim failed (%s); retrying in %.1fs",
+                exc,
+                self._backoff,
+                extra={"event": "claim_failed"},
+            )
+        elif self._backoff == 0.2:
+            logger.info(
+                "waiting for the queue service (%s)", exc, extra={"event": "waiting_for_queue"}
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(shutdown.wait(), timeout=self._backoff)
+
+    async def _claim(self, free: int, acks: list[AckEntry]) -> ClaimResponse:
         return await self._client.claim(
             self._settings.worker_queues,
             free,
             self._settings.worker_wait_seconds,
             self._settings.worker_visibility_timeout,
+            acks,
         )
 
     def _free_slot(self, running: Running) -> None:

@@ -20,6 +20,11 @@ def _default_worker_name() -> str:
 
 CommaList = Annotated[list[str], NoDecode]
 
+DEFAULT_CONCURRENCY = 32
+"""Jobs a worker runs at once by default. Processors are coroutines, so I/O-bound jobs overlap;
+and a claim asks for every free slot at once, so more slots mean fewer, larger claims (with 4
+slots a worker spends most of its time on round trips: docs/architecture.md#performance)."""
+
 
 class WorkerSettings(BaseServiceSettings):
     """Everything a worker replica reads from its environment.
@@ -36,7 +41,7 @@ class WorkerSettings(BaseServiceSettings):
         pattern=r"^[\x21-\x7e]+$",
     )
     worker_queues: CommaList = ["default"]
-    worker_concurrency: int = Field(default=4, ge=1, le=CLAIM_MAX)
+    worker_concurrency: int = Field(default=DEFAULT_CONCURRENCY, ge=1, le=CLAIM_MAX)
     worker_wait_seconds: float = Field(default=20, ge=0, le=WAIT_SECONDS_MAX)
     worker_visibility_timeout: int | None = Field(default=None, ge=1, le=43_200)
     worker_shutdown_grace: Duration = 25.0

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from infra.stack import ROOT
+from services.worker.settings import DEFAULT_CONCURRENCY
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -47,7 +48,7 @@ def test_quick_suite_writes_a_well_formed_result(result: tuple[dict[str, Any], P
     assert document["name"] == "quick"
     assert document["machine"]["cpus"] >= 1 and document["machine"]["postgres"]
     assert len(document["load_average"]["start"]) == len(document["load_average"]["end"]) == 3
-    assert document["settings"]["default_shape"] == "2x4"
+    assert document["settings"]["default_shape"] == f"2x{DEFAULT_CONCURRENCY}"
     for row in document["summary"]:
         assert set(row) == {"figure", "value", "unit", "target", "met", "x_pgqueuer_b100",
                             "x_bare"}  # fmt: skip
