@@ -2,9 +2,10 @@
 
 The jobs are inserted with the shared enqueue statement, then `VACUUM ANALYZE job`; the queue
 service runs alone, then K worker replicas with S slots (`WORKER_CONCURRENCY`) start at once.
-The window is read from the database: the first `claimed_at` to the last `finished_at`. CPU per
-job counts from the moment every replica is ready (the jobs completed before then are left out
-of the division). Every job must end COMPLETED with one attempt.
+The replicas' first claims wait on a table lock the benchmark holds until every replica is
+ready, so they start together and the CPU counted (from the release) is the burn-down's alone.
+The window is read from the database: the first `claimed_at` to the last `finished_at`. Every
+job must end COMPLETED with one attempt.
 
 The `kill -9` variant runs `sleep` jobs on 2 replicas x 4 slots (so the run lasts long enough
 to kill a worker in the middle of it, with jobs in its hands) with a short lease and a fast
@@ -99,10 +100,21 @@ async def burn_once(
     label = f"burn-down {shape.label}"
     await prepare_backlog(connection, jobs)
     indexes = range(shape.replicas)
-    await stack.start_workers(indexes, WORKER_CONCURRENCY=str(shape.slots))
-    own = frozenset({connection.get_server_pid()})
-    meter = ctx.meter(stack_pids(stack, "queue", "workers"), stack.database_url, own).start()
-    before = await database.completed_count(connection)
+    gate = await asyncpg.connect(stack.database_url)
+    try:
+        # The gate: claims wait on this lock until every replica is up, so they start
+        # together and the CPU counted is the burn-down's, not the replicas' start-up.
+        hold = gate.transaction()
+        await hold.start()
+        await gate.execute("LOCK TABLE job IN SHARE MODE")
+        await stack.start_workers(indexes, WORKER_CONCURRENCY=str(shape.slots))
+        own = frozenset({connection.get_server_pid(), gate.get_server_pid()})
+        classes = stack_pids(stack, "queue", "workers")
+        meter = ctx.meter(classes, stack.database_url, own).start()
+        before = await database.completed_count(connection)
+        await hold.commit()
+    finally:
+        await gate.close()
     try:
         await wait_completed(connection, jobs, ctx.progress, label, within, stack)
     finally:

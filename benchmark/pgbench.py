@@ -1,7 +1,7 @@
 """The database's own ceiling: pgbench running jobq's claim and ack statements.
 
-The script is built from the repository's statements themselves (`CLAIM_STATEMENT` and the
-batch ack), with literal queue, batch size, worker name and lease: one transaction claims a
+The script is built from the repository's statements themselves (`CLAIM_STATEMENT` and
+`ACK_STATEMENT`), with literal queue, batch size, worker name and lease: one transaction claims a
 batch (its ids and receipt handles kept with `\\gset`) and acknowledges it, which is what the
 raw-protocol client does over HTTP, minus HTTP and Python. Several clients drain a backlog of
 exactly `clients * transactions * batch` jobs.
@@ -25,7 +25,7 @@ from benchmark.burndown import prepare_backlog
 from benchmark.context import Context
 from services.queue import repository
 
-_UPDATE = "\nUPDATE job SET"
+_CLAIMED = "SELECT * FROM claimed"
 
 
 def pgbench_binary() -> str:
@@ -45,30 +45,28 @@ def pgbench_binary() -> str:
 
 def script(batch: int) -> str:
     """The pgbench script: claim `batch` jobs of queue `default`, then acknowledge them.
-    RuntimeError when the claim statement no longer has the `WITH … UPDATE job SET …` shape
+    RuntimeError when the claim statement no longer ends in `SELECT * FROM claimed`, the shape
     this builder relies on."""
-    claim = repository.CLAIM_STATEMENT
-    head, found, tail = claim.partition(_UPDATE)
-    if not found or not head.lstrip().startswith("WITH"):
+    head, found, tail = repository.CLAIM_STATEMENT.rpartition(_CLAIMED)
+    if not found or tail.strip():
         raise RuntimeError("CLAIM_STATEMENT changed shape; update benchmark/pgbench.py")
-    wrapped = (
-        f"{head.rstrip()},\nclaimed AS (\nUPDATE job SET{tail.rstrip()}\n)\n"
-        "SELECT coalesce(array_agg(id), '{}') AS ids,"
+    claim = (
+        f"{head}SELECT coalesce(array_agg(id), '{{}}') AS ids,"
         " coalesce(array_agg(lease_id), '{}') AS leases FROM claimed"
     )
     literals = {"$1": "'{default}'", "$2": str(batch), "$3": "'pgbench'", "$4": "30"}
-    wrapped = re.sub(r"\$[1-4]\b", lambda m: literals[m.group(0)], wrapped)
-    # The batch ack; the repository keeps it private, so it is read from the module.
-    ack: str = repository._ACK
+    claim = re.sub(r"\$[1-4]\b", lambda m: literals[m.group(0)], claim)
     results = "array_fill(NULL::text, ARRAY[cardinality(:ids::uuid[])])"
     acked = {"$1": ":ids", "$2": ":leases", "$3": results}
-    ack = re.sub(r"\$[1-3]\b", lambda m: acked[m.group(0)], ack)
-    return f"{_one_line(wrapped)} \\gset\n{_one_line(ack)};\n"
+    ack = re.sub(r"\$[1-3]\b", lambda m: acked[m.group(0)], repository.ACK_STATEMENT)
+    return f"{_one_line(claim)} \\gset\n{_one_line(ack)};\n"
 
 
 def _one_line(statement: str) -> str:
-    """pgbench reads a command to its `;`, but keep each on one line to be safe."""
-    return " ".join(line.strip() for line in statement.strip().splitlines() if line.strip())
+    """The statement on one line, its `--` comments dropped (the statements have no `--` in
+    a string literal): pgbench reads a command to its `;` or `\\gset`."""
+    lines = (line.split("--", 1)[0].strip() for line in statement.strip().splitlines())
+    return " ".join(line for line in lines if line)
 
 
 async def run(ctx: Context, clients: int, transactions: int, batch: int) -> dict[str, Any]:

@@ -45,9 +45,10 @@ def test_a_step_passes_only_fast_and_clean() -> None:
 def test_pgbench_script_runs_the_repository_claim_then_ack() -> None:
     text = script(25)
     claim, ack = text.strip().split("\n")
-    assert claim.startswith("WITH picked AS") and claim.endswith("\\gset")
-    assert "LIMIT 25" in claim and "claimed AS ( UPDATE job SET status = 'PROCESSING'" in claim
+    assert claim.startswith("WITH") and claim.endswith("FROM claimed \\gset")
+    assert "LIMIT 25" in claim and "UPDATE job SET status = 'PROCESSING'" in claim
     assert "$" not in text  # every parameter became a literal or a pgbench variable
+    assert "--" not in text  # a comment would swallow the rest of its one-line command
     assert ":ids::uuid[]" in ack and ":leases::uuid[]" in ack and "'COMPLETED'" in ack
 
 
