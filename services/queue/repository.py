@@ -204,7 +204,10 @@ def _notify_ready(source: str) -> str:
 # Parameters: $1 queues, $2 max, $3 worker, $4 visibility timeout (seconds).
 _CLAIM_CTES = f"""
 picked AS (
-    SELECT candidate.id
+    SELECT candidate.id,
+           -- Claim order, computed here: the rows come back from the UPDATE in no order.
+           row_number() OVER (
+               ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id) AS rank
     FROM unnest($1::text[]) AS wanted(queue)
     CROSS JOIN LATERAL (
         SELECT id, priority, ready_at FROM job
@@ -228,7 +231,7 @@ picked AS (
     WHERE job.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING job.id, job.task_type, job.payload::text AS payload_json, job.attempts,
               job.max_attempts, job.timeout_seconds, job.lease_id, job.visible_at,
-              job.idempotency_key, job.priority, job.ready_at
+              job.idempotency_key, (SELECT rank FROM picked WHERE picked.id = job.id) AS rank
 )"""
 
 # Each entry is fenced by its own receipt handle: only the latest claim may complete a job.
@@ -261,11 +264,10 @@ _ACK = f"WITH {_ACK_CTES.format(ids='$1', handles='$2', results='$3')} SELECT * 
 _ACK_AND_CLAIM = f"""
 WITH {_ACK_CTES.format(ids="$5", handles="$6", results="$7")}, {_CLAIM_CTES}
 SELECT true AS is_claim, id, task_type, payload_json, attempts, max_attempts, timeout_seconds,
-       lease_id, visible_at, idempotency_key, priority, ready_at,
-       NULL AS queue, NULL::float8 AS end_to_end
+       lease_id, visible_at, idempotency_key, rank, NULL AS queue, NULL::float8 AS end_to_end
 FROM claimed
 UNION ALL
-SELECT false, id, task_type, NULL, attempts, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT false, id, task_type, NULL, attempts, NULL, NULL, NULL, NULL, NULL, NULL,
        queue, end_to_end
 FROM acked
 """
@@ -684,7 +686,7 @@ def _json_or_null(value: Any) -> str | None:
 
 def _claimed(rows: list[asyncpg.Record], visibility_timeout: int) -> list[Claimed]:
     """Claimed jobs from claim rows, in claim order (priority, ready time, id)."""
-    rows.sort(key=lambda r: (-r["priority"], r["ready_at"], r["id"]))
+    rows.sort(key=lambda r: r["rank"])
     return [
         Claimed(
             id=row["id"],
