@@ -600,11 +600,16 @@ _UNAVAILABLE_STATES = {"57P01", "57P02", "57P03", "57014"}
 query_canceled (statement_timeout): the database cannot serve this statement right now."""
 
 
+_BROKEN_CONNECTION = (asyncpg.InterfaceError, asyncpg.exceptions._base.InternalClientError)
+"""The driver's own connection went wrong (closed under it, or left mid-operation when the
+server went away): the connection is discarded, and the statement answered 503."""
+
+
 def _unavailable(exc: BaseException) -> bool:
     """True when `exc` means "the database cannot serve us right now": a lost or refused
     connection, a server starting, stopping or out of connections, a pool or statement
     timeout. Such errors are answered 503 with Retry-After, never 500."""
-    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError):
+    if isinstance(exc, (OSError, TimeoutError, *_BROKEN_CONNECTION)):
         return True
     if isinstance(exc, asyncpg.PostgresError):
         state = exc.sqlstate or ""
@@ -619,7 +624,7 @@ async def _translated() -> AsyncIterator[None]:
     """Turn "database unavailable" driver errors into `ServiceUnavailable` (HTTP 503)."""
     try:
         yield
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+    except (asyncpg.PostgresError, *_BROKEN_CONNECTION, OSError, TimeoutError) as exc:
         if not _unavailable(exc):
             raise
         logger.warning(
@@ -738,6 +743,10 @@ class JobRepository:
                 conn = await self._pool.acquire()
             try:
                 yield conn
+            except _BROKEN_CONNECTION:
+                # Never hand a connection in an unknown state to the next statement.
+                conn.terminate()
+                raise
             finally:
                 await self._pool.release(conn)
 
