@@ -229,8 +229,8 @@ class ClaimRequest(_Wire):
     """`POST /jobs/next`: claim up to `max` jobs, long-polling up to `wait_seconds`.
 
     `acks` completes jobs the worker finished since its last claim, in the same statement as
-    the claim (Oban Pro's "bundled acks", one round trip instead of two). A claim that carries
-    acks is answered at once, without long-polling, so the acks' outcomes are never held back.
+    the claim (Oban Pro's "bundled acks": one round trip instead of two). The acks are
+    committed before the claim waits for work; their outcomes come with the reply.
     """
 
     worker: WorkerName

@@ -19,7 +19,6 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Schema
-from litestar.plugins.prometheus import PrometheusConfig
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -180,17 +179,6 @@ def exception_handlers() -> dict[type[Exception] | int, Callable[..., Response[A
         RecursionError: _too_deep_handler,
         Exception: _crash_handler,
     }
-
-
-def prometheus_config(app_name: str) -> PrometheusConfig:
-    """HTTP request metrics (`jobq_http_*`), grouped by route template so ids never become
-    label values; health and metrics endpoints are not counted."""
-    return PrometheusConfig(
-        app_name=app_name,
-        prefix="jobq_http",
-        group_path=True,
-        exclude=["/metrics", "/health"],
-    )
 
 
 def metrics_route(registry: CollectorRegistry) -> HTTPRouteHandler:

@@ -16,11 +16,11 @@ from common import contracts
 from common.access import role_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.http import ServiceClient
+from common.http_metrics import HttpMetrics
 from common.web import (
     exception_handlers,
     live,
     metrics_route,
-    prometheus_config,
     refine_struct_schemas,
     require_json_body,
 )
@@ -68,7 +68,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         exception_handlers=exception_handlers(),
         before_request=require_json_body,
         guards=[role_guard(settings.api_keys())],
-        middleware=[prometheus_config("producer").middleware],
+        middleware=[HttpMetrics("producer", registry).middleware],
         openapi_config=OpenAPIConfig(title="jobq producer", version="0.1.0", path="/schema"),
         request_max_body_size=REQUEST_BODY_MAX_BYTES,
         logging_config=None,

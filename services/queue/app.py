@@ -21,11 +21,11 @@ from prometheus_client import CollectorRegistry
 from common import contracts
 from common.access import token_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
+from common.http_metrics import HttpMetrics
 from common.web import (
     exception_handlers,
     live,
     metrics_route,
-    prometheus_config,
     refine_struct_schemas,
     require_json_body,
 )
@@ -178,7 +178,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         exception_handlers=exception_handlers(),
         before_request=require_json_body,
         guards=[token_guard(token.get_secret_value() if token else None)],
-        middleware=[prometheus_config("queue").middleware],
+        middleware=[HttpMetrics("queue", registry).middleware],
         openapi_config=OpenAPIConfig(title="jobq queue service", version="0.1.0", path="/schema"),
         # Headroom above the public bound for the ids and defaults the producer adds when it
         # forwards a batch that was just under 8 MiB.

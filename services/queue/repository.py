@@ -204,7 +204,10 @@ def _notify_ready(source: str) -> str:
 # Parameters: $1 queues, $2 max, $3 worker, $4 visibility timeout (seconds).
 _CLAIM_CTES = f"""
 picked AS (
-    SELECT candidate.id
+    SELECT candidate.id,
+           -- Claim order, computed here: the rows come back from the UPDATE in no order.
+           row_number() OVER (
+               ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id) AS rank
     FROM unnest($1::text[]) AS wanted(queue)
     CROSS JOIN LATERAL (
         SELECT id, priority, ready_at FROM job
@@ -228,7 +231,7 @@ picked AS (
     WHERE job.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING job.id, job.task_type, job.payload::text AS payload_json, job.attempts,
               job.max_attempts, job.timeout_seconds, job.lease_id, job.visible_at,
-              job.idempotency_key, job.priority, job.ready_at
+              job.idempotency_key, (SELECT rank FROM picked WHERE picked.id = job.id) AS rank
 )"""
 
 # Each entry is fenced by its own receipt handle: only the latest claim may complete a job.
@@ -261,11 +264,10 @@ _ACK = f"WITH {_ACK_CTES.format(ids='$1', handles='$2', results='$3')} SELECT * 
 _ACK_AND_CLAIM = f"""
 WITH {_ACK_CTES.format(ids="$5", handles="$6", results="$7")}, {_CLAIM_CTES}
 SELECT true AS is_claim, id, task_type, payload_json, attempts, max_attempts, timeout_seconds,
-       lease_id, visible_at, idempotency_key, priority, ready_at,
-       NULL AS queue, NULL::float8 AS end_to_end
+       lease_id, visible_at, idempotency_key, rank, NULL AS queue, NULL::float8 AS end_to_end
 FROM claimed
 UNION ALL
-SELECT false, id, task_type, NULL, attempts, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT false, id, task_type, NULL, attempts, NULL, NULL, NULL, NULL, NULL, NULL,
        queue, end_to_end
 FROM acked
 """
@@ -598,11 +600,16 @@ _UNAVAILABLE_STATES = {"57P01", "57P02", "57P03", "57014"}
 query_canceled (statement_timeout): the database cannot serve this statement right now."""
 
 
+_BROKEN_CONNECTION = (asyncpg.InterfaceError, asyncpg.exceptions._base.InternalClientError)
+"""The driver's own connection went wrong (closed under it, or left mid-operation when the
+server went away): the connection is discarded, and the statement answered 503."""
+
+
 def _unavailable(exc: BaseException) -> bool:
     """True when `exc` means "the database cannot serve us right now": a lost or refused
     connection, a server starting, stopping or out of connections, a pool or statement
     timeout. Such errors are answered 503 with Retry-After, never 500."""
-    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError):
+    if isinstance(exc, (OSError, TimeoutError, *_BROKEN_CONNECTION)):
         return True
     if isinstance(exc, asyncpg.PostgresError):
         state = exc.sqlstate or ""
@@ -617,7 +624,7 @@ async def _translated() -> AsyncIterator[None]:
     """Turn "database unavailable" driver errors into `ServiceUnavailable` (HTTP 503)."""
     try:
         yield
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+    except (asyncpg.PostgresError, *_BROKEN_CONNECTION, OSError, TimeoutError) as exc:
         if not _unavailable(exc):
             raise
         logger.warning(
@@ -684,7 +691,7 @@ def _json_or_null(value: Any) -> str | None:
 
 def _claimed(rows: list[asyncpg.Record], visibility_timeout: int) -> list[Claimed]:
     """Claimed jobs from claim rows, in claim order (priority, ready time, id)."""
-    rows.sort(key=lambda r: (-r["priority"], r["ready_at"], r["id"]))
+    rows.sort(key=lambda r: r["rank"])
     return [
         Claimed(
             id=row["id"],
@@ -736,6 +743,10 @@ class JobRepository:
                 conn = await self._pool.acquire()
             try:
                 yield conn
+            except _BROKEN_CONNECTION:
+                # Never hand a connection in an unknown state to the next statement.
+                conn.terminate()
+                raise
             finally:
                 await self._pool.release(conn)
 

@@ -245,8 +245,8 @@ class JobController(Controller):
     ) -> Response[ClaimResponse | None]:
         """Claim up to `max` jobs; waits up to `waitSeconds` for one without holding a
         database connection. A client that disconnects while waiting gets nothing claimed.
-        `acks` completes finished jobs in the same statement; a claim carrying acks is
-        answered at once (200, with an outcome per ack, even when no job was claimed)."""
+        `acks` completes finished jobs in the same statement as the first claim, before any
+        waiting; the reply carries an outcome per ack (200 even when no job arrived)."""
         disconnected = asyncio.ensure_future(request.receive())
         try:
             jobs, acks = await service.claim(data, disconnected)

@@ -272,27 +272,34 @@ class QueueService:
         self, request: ClaimRequest, disconnected: asyncio.Future[Any] | None = None
     ) -> tuple[list[Claimed], list[AckResult]]:
         """Claim up to `request.max` jobs, long-polling up to `request.wait_seconds`; complete
-        the jobs in `request.acks` first, in the same statement.
+        the jobs in `request.acks` first, in the same statement as the first claim.
 
-        Returns the jobs claimed and one outcome per ack (as `ack_many`). Returns as soon as
-        at least one job is claimed, or at once when the request carried acks; an empty list
-        when none arrived in time, when the service is shutting down, or when the client went
-        away (`disconnected` completed), in which case nothing is claimed for it. Raises
-        InvalidInput for repeated ack ids.
+        Returns the jobs claimed and one outcome per ack (as `ack_many`), as soon as at least
+        one job is claimed; no jobs when none arrived in time, when the service is shutting
+        down, or when the client went away (`disconnected` completed), in which case nothing is
+        claimed for it. The acks are committed before any waiting begins; only their answer
+        waits for the reply. Raises InvalidInput for repeated ack ids.
         """
         visibility = request.visibility_timeout or self._settings.queue_visibility_timeout
+        acks: list[AckResult] = []
+        looked = False
         if request.acks:
-            return await self._ack_and_claim(request, visibility)
+            jobs, acks = await self._ack_and_claim(request, visibility)
+            if jobs:
+                return jobs, acks
+            looked = True
         deadline = time.monotonic() + request.wait_seconds
         while True:
-            started = time.perf_counter()
-            jobs = await self.repository.claim(
-                request.queues, request.worker, request.max, visibility
-            )
-            self._metrics.claim_duration.observe(time.perf_counter() - started)
-            if jobs:
-                self._metrics.claim_batch_size.observe(len(jobs))
-                return jobs, []
+            if not looked:
+                started = time.perf_counter()
+                jobs = await self.repository.claim(
+                    request.queues, request.worker, request.max, visibility
+                )
+                self._metrics.claim_duration.observe(time.perf_counter() - started)
+                if jobs:
+                    self._metrics.claim_batch_size.observe(len(jobs))
+                    return jobs, acks
+            looked = False
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._shutdown.is_set():
                 break
@@ -305,7 +312,7 @@ class QueueService:
             if self._shutdown.is_set() or (disconnected is not None and disconnected.done()):
                 break
         self._metrics.empty_claims.inc()
-        return [], []
+        return [], acks
 
     async def _ack_and_claim(
         self, request: ClaimRequest, visibility: int
@@ -326,8 +333,6 @@ class QueueService:
         self._metrics.claim_duration.observe(time.perf_counter() - started)
         if jobs:
             self._metrics.claim_batch_size.observe(len(jobs))
-        else:
-            self._metrics.empty_claims.inc()
         return jobs, await self._ack_results(entries, settled)
 
     async def ack_many(self, entries: Sequence[AckEntry]) -> BatchAckResponse:

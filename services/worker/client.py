@@ -8,6 +8,7 @@ each job only after the request that carried its report returned (docs/architect
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 from common.coalesce import Coalescer
@@ -109,14 +110,19 @@ def _check(job_id: uuid.UUID, status: int) -> None:
 Carried = tuple[AckEntry, "asyncio.Future[AckResult | None]"]
 """An ack waiting for a claim to carry it, and where its answer goes (None: send it alone)."""
 
+HOLD_MAX = 0.25
+"""Seconds an ack may wait for a claim to carry it (a claim in flight may be a long poll);
+older ones are sent on their own."""
+
 
 class Settler:
     """One worker's settle reports, coalesced: concurrent acks share one `POST /jobs/ack`
     (likewise fails and heartbeats), at most `CLAIM_MAX` entries each.
 
-    While `carry_acks` is on (the worker is about to claim), acks wait instead, and the worker
-    takes them (`take_acks`) into its next claim, which completes them in the same statement:
-    one round trip per cycle instead of two.
+    While `carry_acks` is on, acks wait instead, and the worker takes them (`take_acks`) into
+    its next claim, which completes them in the same statement: one round trip per cycle
+    instead of two. Acks that waited `HOLD_MAX` seconds (the claim in flight turned out to be a
+    long poll) are sent on their own (`send_stale`).
 
     Every method answers for its own job once the request that carried it returned: raises
     StaleReceiptHandle when the lease was lost (409), JobNotFound (404), or the error of the
@@ -135,6 +141,7 @@ class Settler:
             client.heartbeat_many, max_batch=CLAIM_MAX
         )
         self._carried: list[Carried] = []
+        self._held_since = 0.0
         self._carry = False
 
     @property
@@ -146,16 +153,24 @@ class Settler:
     def carry_acks(self, value: bool) -> None:
         self._carry = value
         if not value:
-            # Nobody will take the waiting acks soon (a long poll, or shutdown): send them.
-            for _, future in self._carried:
-                if not future.done():
-                    future.set_result(None)
-            self._carried = []
+            self._send_held()
+
+    def _send_held(self) -> None:
+        for _, future in self._carried:
+            if not future.done():
+                future.set_result(None)
+        self._carried = []
+
+    def send_stale(self) -> None:
+        """Send waiting acks on their own when the oldest waited `HOLD_MAX` seconds."""
+        if self._carried and time.monotonic() - self._held_since >= HOLD_MAX:
+            self._send_held()
 
     def take_acks(self) -> list[Carried]:
         """Remove and return up to `CLAIM_MAX` waiting acks for a claim to carry; answer them
         with `answer_acks`."""
         taken, self._carried = self._carried[:CLAIM_MAX], self._carried[CLAIM_MAX:]
+        self._held_since = time.monotonic()
         return taken
 
     @staticmethod
@@ -180,6 +195,8 @@ class Settler:
         """Complete one job (carried by the next claim, or batched)."""
         if self._carry and len(self._carried) < CLAIM_MAX:
             future: asyncio.Future[AckResult | None] = asyncio.get_running_loop().create_future()
+            if not self._carried:
+                self._held_since = time.monotonic()
             self._carried.append((entry, future))
             carried = await future
             if carried is not None:

@@ -51,8 +51,11 @@ T = TypeVar("T")
 
 _CLAIM_BACKOFF_MAX = 5.0
 _RELEASE_BUDGET = 5.0
-_HEARTBEAT_TICK = 0.25
-"""Seconds between looks for leases due to be extended."""
+_ACK_LINGER = 0.002
+"""Seconds a worker waits, after a claim that emptied the queue, for the jobs it just started
+to finish before it long-polls again (so their acks ride that long poll)."""
+_HEARTBEAT_TICK = 0.1
+"""Seconds between looks for leases due to be extended (and acks waiting too long)."""
 _HEARTBEAT_RETRY = 1.0
 """Seconds before a failed heartbeat is tried again."""
 
@@ -159,6 +162,13 @@ class Worker:
                     self._busy += 1
                     task.add_done_callback(self._finished)
                 self._metrics.active_jobs.set(self._busy)
+                if 0 < len(jobs) < free:
+                    # The queue ran dry, so the next claim will wait for work: give the jobs
+                    # just started a moment to finish, so their acks travel with it instead
+                    # of in a request of their own.
+                    self._slot_freed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._slot_freed.wait(), _ACK_LINGER)
             self._settler.carry_acks = False
             await self._drain()
             heartbeats.cancel()
@@ -168,11 +178,9 @@ class Worker:
         """One claim for up to `free` jobs, carrying the acks waiting for it; [] on shutdown,
         or after a failed claim and a capped exponential pause (0.2 s doubling to 5 s).
 
-        A claim without acks may long-poll; acks of jobs finishing meanwhile then go on their
-        own rather than wait for it."""
+        Any claim may long-poll: acks of jobs finishing meanwhile wait for the next claim for
+        at most `HOLD_MAX` seconds, then go on their own (see the heartbeat loop)."""
         carried = self._settler.take_acks()
-        if not carried:
-            self._settler.carry_acks = False
         try:
             reply: ClaimResponse | None = await _first(
                 self._claim(free, [entry for entry, _ in carried]), shutdown.wait()
@@ -181,8 +189,6 @@ class Worker:
             Settler.answer_acks(carried, exc)
             await self._claim_failed(exc, shutdown)
             return []
-        finally:
-            self._settler.carry_acks = not shutdown.is_set()
         if reply is None:
             Settler.answer_acks(carried, ServiceUnavailable("the worker is shutting down"))
             return []
@@ -309,9 +315,11 @@ class Worker:
             return Failure(f"{type(exc).__name__}: {exc}")
 
     async def _heartbeat_loop(self) -> None:
-        """Extend the leases that are due, in one batch per tick, until cancelled."""
+        """Extend the leases that are due, in one batch per tick, until cancelled; send acks
+        that waited too long for a claim to carry them."""
         while True:
             await asyncio.sleep(_HEARTBEAT_TICK)
+            self._settler.send_stale()
             now = time.monotonic()
             due = [r for r in self._processing if r.next_heartbeat <= now and r.stop is None]
             if due:
