@@ -59,7 +59,7 @@ def test_alert_rules_pass_promtool_and_their_unit_tests(promtool: Path) -> None:
 def test_every_k6_script_is_valid() -> None:
     scripts = sorted((ROOT / "benchmark" / "k6").glob("*.js"))
     runnable = [s for s in scripts if s.name != "lib.js"]
-    assert {s.stem for s in runnable} == {"submit", "mixed", "burst"}
+    assert {s.stem for s in runnable} == {"submit", "mixed", "burst", "ingest"}
     for script in runnable:
         inspected = _run(BIN / "k6", "inspect", script)
         assert inspected.returncode == 0, inspected.stdout + inspected.stderr
