@@ -45,6 +45,7 @@ from common.enqueue import (
     encode_rows,
 )
 from common.errors import ServiceUnavailable
+from common.pools import PoolMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -728,19 +729,29 @@ class JobRepository:
     """PostgreSQL access for jobs, over an asyncpg pool (see `create_pool`).
 
     `acquire_timeout` (seconds) bounds the wait for a free pooled connection; a wait that runs
-    out is ServiceUnavailable, like an unreachable database.
+    out is ServiceUnavailable, like an unreachable database. `metrics`, if given, counts the
+    pool's use.
     """
 
-    def __init__(self, pool: asyncpg.Pool, acquire_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        acquire_timeout: float = 10.0,
+        metrics: PoolMetrics | None = None,
+    ) -> None:
         self._pool = pool
         self._acquire_timeout = acquire_timeout
+        self._metrics = metrics
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
         async with _translated():
             # asyncio.timeout rather than acquire(timeout=…), which starts a task per call.
             async with asyncio.timeout(self._acquire_timeout):
-                conn = await self._pool.acquire()
+                if self._metrics is None:
+                    conn = await self._pool.acquire()
+                else:
+                    conn = await self._metrics.acquired(self._pool.acquire)
             try:
                 yield conn
             except _BROKEN_CONNECTION:
@@ -749,6 +760,8 @@ class JobRepository:
                 raise
             finally:
                 await self._pool.release(conn)
+                if self._metrics is not None:
+                    self._metrics.released()
 
     async def _fetch(self, statement: str, *args: Any) -> list[asyncpg.Record]:
         """Run one statement (its own transaction); all its rows."""
