@@ -46,6 +46,7 @@ from common.enqueue import (
 )
 from common.errors import ServiceUnavailable
 from common.pools import PoolMetrics
+from services.queue.retry import BACKOFF_CEILING_SQL, Backoff
 
 logger = logging.getLogger(__name__)
 
@@ -115,15 +116,6 @@ class FailEntry:
     retryable: bool
     retry_after: float | None
     jitter: float
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Retry backoff settings in seconds: ceiling = min(max_delay, base * multiplier^(a-1))."""
-
-    base_delay: float
-    multiplier: float
-    max_delay: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,18 +275,6 @@ def _append_error(entry: str) -> str:
         f"THEN job.errors - 0 ELSE job.errors END) || jsonb_build_array({entry})"
     )
 
-
-BACKOFF_CEILING_SQL = (
-    "LEAST({max_delay}, {base_delay} * power({multiplier},"
-    " GREATEST(0, LEAST({attempt}::bigint - 1, 30))))"
-)
-"""The retry ceiling in seconds for `{attempt}` (1-based): min(max, base * mult^min(a - 1, 30)),
-given SQL expressions for the attempt and the three settings.
-
-Full jitter (AWS Architecture Blog, "Exponential Backoff And Jitter", 2015) multiplies it by
-u uniform in (0, 1], bound from Python per entry. Capping the exponent keeps attempt 10,000
-finite.
-"""
 
 _FAIL_CEILING = BACKOFF_CEILING_SQL.format(
     attempt="job.attempts", max_delay="$7", base_delay="$8", multiplier="$9"
