@@ -93,3 +93,61 @@ async def test_five_hundred_concurrent_submits_all_succeed(stack: LocalStack) ->
     assert [status for status, _ in replies] == [202] * 500, {text for _, text in replies}
     assert _samples(metrics, "jobq_pool_connections_in_use") == 0
     assert _samples(metrics, "jobq_pool_waiting") == 0
+
+
+class DroppingProxy:
+    """A TCP proxy to `target` that cuts every connection when its second request arrives,
+    without answering: a pooled connection breaking under a request."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.dropped = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        requests = 0
+
+        async def answers() -> None:
+            while data := await upstream_reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+
+        relay = asyncio.create_task(answers())
+        try:
+            while data := await reader.read(65536):
+                if data.startswith((b"POST ", b"GET ")):
+                    requests += 1
+                    if requests == 2:
+                        self.dropped += 1
+                        return
+                upstream_writer.write(data)
+                await upstream_writer.drain()
+        finally:
+            relay.cancel()
+            for side in (writer, upstream_writer):
+                side.close()
+
+
+async def test_a_forward_whose_pooled_connection_breaks_is_sent_again(
+    database_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """A forward whose pooled connection breaks under it goes again on a fresh connection
+    (safe: the job id was minted before, so a forward that did arrive is a replay), instead
+    of answering 503."""
+    stack = LocalStack(database_url, redis_url, tmp_path, workers=0)
+    proxy = DroppingProxy(stack.queue_port)
+    server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    stack.environment["QUEUE_SERVICE_URL"] = f"http://127.0.0.1:{port}"
+    await stack.start()
+    try:
+        async with httpx.AsyncClient(base_url=stack.producer, timeout=30) as client:
+            replies = [
+                await client.post("/jobs", json={"taskType": "noop", "payload": {"n": n}})
+                for n in range(4)
+            ]
+    finally:
+        stack.stop()
+        server.close()
+    assert [reply.status_code for reply in replies] == [202] * 4, [r.text for r in replies]
+    assert proxy.dropped >= 1, "no connection broke: nothing was tested"
