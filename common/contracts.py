@@ -22,6 +22,8 @@ from msgspec import Meta
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}(?!\n)$"
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
 MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 100
+DEFAULT_MAX_ATTEMPTS = 5
+"""`maxAttempts` of a job that does not say (`QUEUE_MAX_ATTEMPTS` changes it per deployment)."""
 MAX_DELAY_SECONDS = 14 * 24 * 3600
 TIMEOUT_SECONDS_MIN, TIMEOUT_SECONDS_MAX = 1, 43_200
 VISIBILITY_TIMEOUT_MAX = 43_200

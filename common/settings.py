@@ -18,8 +18,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*$")
-_SIZE_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, None: 1}
 
 
 def parse_duration(value: object) -> float:
@@ -43,21 +41,8 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
-def parse_size(value: object) -> int:
-    """Parse `262144`, `256KiB` or `8MiB` into bytes (int ≥ 0); raises ValueError otherwise."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    match = _SIZE.match(str(value))
-    if not match:
-        raise ValueError(f"{value!r} is not a size: use bytes (1024) or a unit (256KiB, 8MiB)")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
-
-
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 """A duration in seconds, accepting the unit suffixes of `parse_duration`."""
-
-Size = Annotated[int, BeforeValidator(parse_size)]
-"""A size in bytes, accepting `KiB`/`MiB`/`GiB`."""
 
 Port = Annotated[int, Field(ge=0, le=65535)]
 

@@ -258,8 +258,6 @@ _PROBLEM_DESCRIPTIONS = {
 }
 ALWAYS = (400, 401, 422, 503)
 """Problems any route may answer."""
-WITH_BODY = (413, 415)
-"""Problems any route with a request body may also answer."""
 
 
 def problems(*statuses: int) -> dict[int, ResponseSpec]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Unpack
 
-from common.contracts import JobStatus, SubmitJobResponse
+from common.contracts import DEFAULT_MAX_ATTEMPTS, JobStatus, SubmitJobResponse
 from common.enqueue import (
     ENQUEUE_ASYNCPG,
     ENQUEUE_NAMED,
@@ -27,9 +27,6 @@ from common.enqueue import (
 from common.errors import IdempotencyConflict, JobqError
 from common.ids import new_job_id
 from jobq.request import SubmitOptions, build_request
-
-DEFAULT_MAX_ATTEMPTS = 5
-"""Used when `max_attempts` is omitted (the queue service's `QUEUE_MAX_ATTEMPTS` default)."""
 
 
 async def enqueue(

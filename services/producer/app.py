@@ -15,8 +15,9 @@ from prometheus_client import CollectorRegistry
 from common import contracts
 from common.access import role_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
-from common.http import ServiceClient
+from common.http import QUEUE_SERVICE_CONNECTIONS, ServiceClient
 from common.http_metrics import HttpMetrics
+from common.pools import PoolMetrics
 from common.web import (
     exception_handlers,
     live,
@@ -41,6 +42,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
     """Build the producer; its pooled HTTP client to the queue service lives in the lifespan."""
     settings = settings or ProducerSettings()
     registry = CollectorRegistry(auto_describe=True)
+    pool_metrics = PoolMetrics(registry, "queue-service", QUEUE_SERVICE_CONNECTIONS)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -49,6 +51,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
             settings.queue_service_url,
             token=token.get_secret_value() if token else None,
             timeout=settings.producer_forward_timeout,
+            metrics=pool_metrics,
         ) as http:
             client = QueueServiceClient(http, settings.producer_forward_timeout)
             app.state.queue = client

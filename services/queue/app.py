@@ -22,6 +22,7 @@ from common import contracts
 from common.access import token_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.http_metrics import HttpMetrics
+from common.pools import PoolMetrics
 from common.web import (
     exception_handlers,
     live,
@@ -105,7 +106,9 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             else None
         )
         shutdown.clear()
-        repository = JobRepository(pool)
+        repository = JobRepository(
+            pool, metrics=PoolMetrics(registry, "database", settings.queue_db_pool_size)
+        )
         depth_cache = DepthCache(redis_client, ttl=settings.queue_depth_interval * 3)
         service = QueueService(repository, hub, settings, metrics, shutdown)
         reaper, scheduler = Reaper(repository, metrics), Scheduler(repository)

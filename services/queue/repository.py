@@ -45,6 +45,8 @@ from common.enqueue import (
     encode_rows,
 )
 from common.errors import ServiceUnavailable
+from common.pools import PoolMetrics
+from services.queue.retry import BACKOFF_CEILING_SQL, Backoff
 
 logger = logging.getLogger(__name__)
 
@@ -114,15 +116,6 @@ class FailEntry:
     retryable: bool
     retry_after: float | None
     jitter: float
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Retry backoff settings in seconds: ceiling = min(max_delay, base * multiplier^(a-1))."""
-
-    base_delay: float
-    multiplier: float
-    max_delay: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,18 +275,6 @@ def _append_error(entry: str) -> str:
         f"THEN job.errors - 0 ELSE job.errors END) || jsonb_build_array({entry})"
     )
 
-
-BACKOFF_CEILING_SQL = (
-    "LEAST({max_delay}, {base_delay} * power({multiplier},"
-    " GREATEST(0, LEAST({attempt}::bigint - 1, 30))))"
-)
-"""The retry ceiling in seconds for `{attempt}` (1-based): min(max, base * mult^min(a - 1, 30)),
-given SQL expressions for the attempt and the three settings.
-
-Full jitter (AWS Architecture Blog, "Exponential Backoff And Jitter", 2015) multiplies it by
-u uniform in (0, 1], bound from Python per entry. Capping the exponent keeps attempt 10,000
-finite.
-"""
 
 _FAIL_CEILING = BACKOFF_CEILING_SQL.format(
     attempt="job.attempts", max_delay="$7", base_delay="$8", multiplier="$9"
@@ -728,19 +709,29 @@ class JobRepository:
     """PostgreSQL access for jobs, over an asyncpg pool (see `create_pool`).
 
     `acquire_timeout` (seconds) bounds the wait for a free pooled connection; a wait that runs
-    out is ServiceUnavailable, like an unreachable database.
+    out is ServiceUnavailable, like an unreachable database. `metrics`, if given, counts the
+    pool's use.
     """
 
-    def __init__(self, pool: asyncpg.Pool, acquire_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        acquire_timeout: float = 10.0,
+        metrics: PoolMetrics | None = None,
+    ) -> None:
         self._pool = pool
         self._acquire_timeout = acquire_timeout
+        self._metrics = metrics
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
         async with _translated():
             # asyncio.timeout rather than acquire(timeout=…), which starts a task per call.
             async with asyncio.timeout(self._acquire_timeout):
-                conn = await self._pool.acquire()
+                if self._metrics is None:
+                    conn = await self._pool.acquire()
+                else:
+                    conn = await self._metrics.acquired(self._pool.acquire)
             try:
                 yield conn
             except _BROKEN_CONNECTION:
@@ -749,6 +740,8 @@ class JobRepository:
                 raise
             finally:
                 await self._pool.release(conn)
+                if self._metrics is not None:
+                    self._metrics.released()
 
     async def _fetch(self, statement: str, *args: Any) -> list[asyncpg.Record]:
         """Run one statement (its own transaction); all its rows."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 import uuid
 from collections import Counter
@@ -54,9 +53,9 @@ from common.errors import (
 from common.ids import new_job_id
 from common.text import sanitize_result, sanitize_text
 from common.validation import check_payload
+from services.queue import retry
 from services.queue.metrics import QueueMetrics
 from services.queue.repository import (
-    Backoff,
     Claimed,
     Extended,
     JobRepository,
@@ -135,7 +134,7 @@ class QueueService:
         self._settings = settings
         self._metrics = metrics
         self._shutdown = shutdown
-        self._backoff = Backoff(
+        self._backoff = retry.Backoff(
             settings.queue_retry_base_delay,
             settings.queue_retry_multiplier,
             settings.queue_retry_max_delay,
@@ -380,8 +379,7 @@ class QueueService:
                 error=sanitize_text(entry.error, ERROR_MAX_BYTES) or "(no error text)",
                 retryable=entry.retryable,
                 retry_after=entry.retry_after_seconds,
-                # u in (0, 1]: a zero delay would put every failed job back at once.
-                jitter=1.0 - random.random(),
+                jitter=retry.jitter(),
             )
             for entry in entries
         ]

@@ -10,7 +10,13 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
-from common.contracts import CLAIM_MAX, NAME_PATTERN, WAIT_SECONDS_MAX
+from common.contracts import (
+    CLAIM_MAX,
+    NAME_PATTERN,
+    VISIBILITY_TIMEOUT_MAX,
+    WAIT_SECONDS_MAX,
+    WORKER_NAME_MAX,
+)
 from common.settings import BaseServiceSettings, Duration, Port, Token
 
 
@@ -37,13 +43,13 @@ class WorkerSettings(BaseServiceSettings):
     worker_name: str = Field(
         default_factory=_default_worker_name,
         min_length=1,
-        max_length=200,
+        max_length=WORKER_NAME_MAX,
         pattern=r"^[\x21-\x7e]+$",
     )
     worker_queues: CommaList = ["default"]
     worker_concurrency: int = Field(default=DEFAULT_CONCURRENCY, ge=1, le=CLAIM_MAX)
     worker_wait_seconds: float = Field(default=20, ge=0, le=WAIT_SECONDS_MAX)
-    worker_visibility_timeout: int | None = Field(default=None, ge=1, le=43_200)
+    worker_visibility_timeout: int | None = Field(default=None, ge=1, le=VISIBILITY_TIMEOUT_MAX)
     worker_shutdown_grace: Duration = 25.0
     worker_job_timeout: Duration = 900.0
     worker_metrics_host: str = "0.0.0.0"

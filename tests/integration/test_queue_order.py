@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from services.queue.background import Reaper, Scheduler
 from services.queue.metrics import QueueMetrics
-from services.queue.repository import Backoff, FailEntry, JobRepository
+from services.queue.repository import FailEntry, JobRepository
+from services.queue.retry import Backoff
 from tests.helpers import new_job
 
 
