@@ -6,14 +6,14 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from litestar import Litestar, Response, get
+from litestar import Litestar, Request, Response, get
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from prometheus_client import CollectorRegistry
 
 from common import contracts
-from common.access import role_guard
+from common.access import Caller, caller_of, role_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.http import ServiceClient
 from common.web import (
@@ -61,10 +61,16 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         client: QueueServiceClient = state.queue
         return client
 
+    def provide_caller(request: Request[Any, Any, Any]) -> Caller:
+        return caller_of(request)
+
     app = Litestar(
         route_handlers=[JobController, redrive, ready, live, metrics_route(registry)],
         lifespan=[lifespan],
-        dependencies={"queue_client": Provide(provide_queue, sync_to_thread=False)},
+        dependencies={
+            "queue_client": Provide(provide_queue, sync_to_thread=False),
+            "caller": Provide(provide_caller, sync_to_thread=False),
+        },
         exception_handlers=exception_handlers(),
         before_request=require_json_body,
         guards=[role_guard(settings.api_keys())],

@@ -112,23 +112,36 @@ class QueueServiceClient:
         reply = await self._http.call("GET", "/jobs", deadline=self._timeout, params=params)
         return decode(reply, JobList)
 
-    async def get(self, job_id: uuid.UUID) -> JobView:
-        """The job's view; raises JobNotFound."""
-        return decode(
-            await self._http.call("GET", f"/jobs/{job_id}", deadline=self._timeout), JobView
+    async def get(self, job_id: uuid.UUID, scope: str | None) -> JobView:
+        """The job's view, if it belongs to the tenant `scope` (None: any tenant); raises
+        JobNotFound."""
+        reply = await self._http.call(
+            "GET", f"/jobs/{job_id}", deadline=self._timeout, params=_scoped(scope)
         )
-
-    async def act(self, job_id: uuid.UUID, action: str) -> JobView:
-        """`POST /jobs/{id}/{action}` (`cancel` or `retry`) on the queue service."""
-        reply = await self._http.call("POST", f"/jobs/{job_id}/{action}", deadline=self._timeout)
         return decode(reply, JobView)
 
-    async def redrive(self, request: RedriveRequest) -> RedriveResponse:
-        """Move dead-lettered jobs back to PENDING. A large redrive runs in many batches, so it
-        gets a longer timeout (60 s) than single-job calls."""
-        reply = await self._http.call("POST", "/dead-letter/redrive", request, deadline=60.0)
+    async def act(self, job_id: uuid.UUID, action: str, scope: str | None) -> JobView:
+        """`POST /jobs/{id}/{action}` (`cancel` or `retry`) on the queue service, for a job of
+        the tenant `scope` (None: any tenant)."""
+        reply = await self._http.call(
+            "POST", f"/jobs/{job_id}/{action}", deadline=self._timeout, params=_scoped(scope)
+        )
+        return decode(reply, JobView)
+
+    async def redrive(self, request: RedriveRequest, scope: str | None) -> RedriveResponse:
+        """Move dead-lettered jobs of the tenant `scope` (None: every tenant) back to PENDING.
+        A large redrive runs in many batches, so it gets a longer timeout (60 s) than
+        single-job calls."""
+        reply = await self._http.call(
+            "POST", "/dead-letter/redrive", request, deadline=60.0, params=_scoped(scope)
+        )
         return decode(reply, RedriveResponse)
 
     async def live(self) -> bool:
         """True when the queue service answers its liveness probe within 2 s."""
         return await self._http.live()
+
+
+def _scoped(scope: str | None) -> dict[str, str | int] | None:
+    """The queue service's tenant scope parameter (docs/architecture.md#tenants)."""
+    return None if scope is None else {"tenant": scope}

@@ -11,7 +11,7 @@ from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
-from common.access import ADMIN_ONLY
+from common.access import ADMIN_ONLY, Caller
 from common.batch import decode_entries, entry_result, split_valid
 from common.bodies import StrictJSON
 from common.contracts import (
@@ -29,6 +29,7 @@ from common.contracts import (
 from common.errors import JobqError
 from common.ids import new_job_id
 from common.queries import (
+    LIST_PARAMETERS,
     Cursor,
     Limit,
     QueueFilter,
@@ -39,6 +40,9 @@ from common.queries import (
 from common.validation import check_payload
 from common.web import problems
 from services.producer.client import QueueServiceClient
+
+PUBLIC_LIST_PARAMETERS = LIST_PARAMETERS - {"tenant"}
+"""The public listing has no tenant parameter: the key decides."""
 
 
 class JobController(Controller):
@@ -58,17 +62,20 @@ class JobController(Controller):
         },
     )
     async def submit(
-        self, data: JSONBody[SubmitJobRequest], queue_client: NamedDependency[QueueServiceClient]
+        self,
+        data: JSONBody[SubmitJobRequest],
+        queue_client: NamedDependency[QueueServiceClient],
+        caller: NamedDependency[Caller],
     ) -> Response[SubmitJobResponse]:
         """Validate the job and hand it to the queue service (group-committed with concurrent
-        submits; the reply comes after the insert committed).
+        submits; the reply comes after the insert committed). The caller's tenant owns it.
 
         The job id is minted here, once, so a retried forward is a replay, never a duplicate.
         """
         size = check_payload(data.payload)
         fields = msgspec.structs.asdict(data)
         reply, created = await queue_client.submit(
-            EnqueueRequest(**fields, job_id=new_job_id()), size
+            EnqueueRequest(**fields, job_id=new_job_id(), tenant=caller.owner), size
         )
         return Response(
             reply,
@@ -84,7 +91,10 @@ class JobController(Controller):
         responses=problems(413, 415),
     )
     async def submit_batch(
-        self, data: JSONBody[BatchSubmitRequest], queue_client: NamedDependency[QueueServiceClient]
+        self,
+        data: JSONBody[BatchSubmitRequest],
+        queue_client: NamedDependency[QueueServiceClient],
+        caller: NamedDependency[Caller],
     ) -> BatchSubmitResponse:
         """Each entry is validated on its own and answered in order: 202 created, 200 replay
         (also a key repeated within the batch), 409, 413 or 422 with problem details."""
@@ -93,7 +103,9 @@ class JobController(Controller):
         results = [entry_result(i, d) for i, d in enumerate(decoded) if isinstance(d, JobqError)]
         if valid:
             forwarded = [
-                EnqueueRequest(**msgspec.structs.asdict(request), job_id=new_job_id())
+                EnqueueRequest(
+                    **msgspec.structs.asdict(request), job_id=new_job_id(), tenant=caller.owner
+                )
                 for request in valid
             ]
             reply = await queue_client.submit_batch(forwarded)
@@ -110,6 +122,7 @@ class JobController(Controller):
     async def list_jobs(
         self,
         queue_client: NamedDependency[QueueServiceClient],
+        caller: NamedDependency[Caller],
         request: Request[Any, Any, Any],
         status: StatusFilter = None,
         queue: QueueFilter = None,
@@ -118,14 +131,16 @@ class JobController(Controller):
         limit: Limit = LIST_LIMIT_DEFAULT,
     ) -> JobList:
         """Filter by status (`DEAD_LETTER` lists the dead-letter queue), queue and task type;
-        keyset pagination, stable while new jobs arrive."""
-        refuse_unknown_parameters(request)
+        keyset pagination, stable while new jobs arrive. A tenant's admin lists its tenant's
+        jobs; an admin of `*`, every tenant's."""
+        refuse_unknown_parameters(request, PUBLIC_LIST_PARAMETERS)
         params: dict[str, str | int] = {"limit": limit}
         wanted: tuple[tuple[str, object], ...] = (
             ("status", status),
             ("queue", queue),
             ("taskType", task_type),
             ("cursor", cursor),
+            ("tenant", caller.scope),
         )
         for name, value in wanted:
             if value is not None:
@@ -134,10 +149,13 @@ class JobController(Controller):
 
     @get("/{job_id:uuid}", summary="Read a job", responses=problems(404))
     async def read(
-        self, job_id: FromPath[uuid.UUID], queue_client: NamedDependency[QueueServiceClient]
+        self,
+        job_id: FromPath[uuid.UUID],
+        queue_client: NamedDependency[QueueServiceClient],
+        caller: NamedDependency[Caller],
     ) -> JobView:
-        """The job's full view."""
-        return await queue_client.get(job_id)
+        """The job's full view; another tenant's job is a 404, like a missing one."""
+        return await queue_client.get(job_id, caller.scope)
 
     @post(
         "/{job_id:uuid}/cancel",
@@ -147,11 +165,14 @@ class JobController(Controller):
         opt=ADMIN_ONLY,
     )
     async def cancel(
-        self, job_id: FromPath[uuid.UUID], queue_client: NamedDependency[QueueServiceClient]
+        self,
+        job_id: FromPath[uuid.UUID],
+        queue_client: NamedDependency[QueueServiceClient],
+        caller: NamedDependency[Caller],
     ) -> JobView:
         """PENDING/SCHEDULED → CANCELLED at once; PROCESSING → the worker is asked to stop and
         the job ends CANCELLED when it confirms; 409 when the job already finished."""
-        return await queue_client.act(job_id, "cancel")
+        return await queue_client.act(job_id, "cancel", caller.scope)
 
     @post(
         "/{job_id:uuid}/retry",
@@ -161,10 +182,13 @@ class JobController(Controller):
         opt=ADMIN_ONLY,
     )
     async def retry(
-        self, job_id: FromPath[uuid.UUID], queue_client: NamedDependency[QueueServiceClient]
+        self,
+        job_id: FromPath[uuid.UUID],
+        queue_client: NamedDependency[QueueServiceClient],
+        caller: NamedDependency[Caller],
     ) -> JobView:
         """DEAD_LETTER/CANCELLED → PENDING with attempts and releases reset; 409 otherwise."""
-        return await queue_client.act(job_id, "retry")
+        return await queue_client.act(job_id, "retry", caller.scope)
 
 
 @post(
@@ -177,7 +201,10 @@ class JobController(Controller):
     opt=ADMIN_ONLY,
 )
 async def redrive(
-    data: JSONBody[RedriveRequest], queue_client: NamedDependency[QueueServiceClient]
+    data: JSONBody[RedriveRequest],
+    queue_client: NamedDependency[QueueServiceClient],
+    caller: NamedDependency[Caller],
 ) -> RedriveResponse:
-    """Move dead-lettered jobs (optionally of one queue and task type) back to PENDING."""
-    return await queue_client.redrive(data)
+    """Move the caller's tenant's dead-lettered jobs (optionally of one queue and task type)
+    back to PENDING; an admin of `*` moves every tenant's."""
+    return await queue_client.redrive(data, caller.scope)

@@ -62,6 +62,8 @@ class Job(Base):
     __tablename__ = "job"
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    # The tenant that owns the job (docs/architecture.md#tenants).
+    tenant: Mapped[str] = mapped_column(String(64), server_default=text("'default'"))
     queue: Mapped[str] = mapped_column(String(64))
     task_type: Mapped[str] = mapped_column(String(64))
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
@@ -80,7 +82,7 @@ class Job(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     errors: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
     result: Mapped[Any | None] = mapped_column(JSONB)
-    idempotency_key: Mapped[str | None] = mapped_column(Text, unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(Text)
     request_hash: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
@@ -108,6 +110,16 @@ class Job(Base):
         ),
         Index("ix_job_status_id", "status", text("id DESC")),
         Index("ix_job_queue_id", "queue", text("id DESC")),
+        # Idempotency keys are unique per tenant; jobs without a key take no entry.
+        Index(
+            "uq_job_tenant_idempotency_key",
+            "tenant",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+        ),
+        # A tenant's listing walks its own jobs, newest first.
+        Index("ix_job_tenant_id", "tenant", text("id DESC")),
         AUTOVACUUM_SETTINGS,
     )
 

@@ -57,6 +57,7 @@ from common.queries import (
     QueueFilter,
     StatusFilter,
     TaskTypeFilter,
+    TenantScope,
     refuse_unknown_parameters,
 )
 from common.web import problems
@@ -208,20 +209,29 @@ class JobController(Controller):
         task_type: TaskTypeFilter = None,
         cursor: Cursor = None,
         limit: Limit = LIST_LIMIT_DEFAULT,
+        tenant: TenantScope = None,
     ) -> JobList:
-        """Filter by status (`DEAD_LETTER` lists the dead-letter queue), queue and task type;
-        keyset pagination by id, stable while new jobs arrive."""
+        """Filter by status (`DEAD_LETTER` lists the dead-letter queue), queue, task type and
+        tenant; keyset pagination by id, stable while new jobs arrive."""
         refuse_unknown_parameters(request)
         return await service.list_jobs(
-            status=status, queue=queue, task_type=task_type, cursor=cursor, limit=limit
+            status=status,
+            queue=queue,
+            task_type=task_type,
+            cursor=cursor,
+            limit=limit,
+            tenant=tenant,
         )
 
     @get("/{job_id:uuid}", summary="Read a job", responses=problems(404))
     async def read(
-        self, job_id: FromPath[uuid.UUID], service: NamedDependency[QueueService]
+        self,
+        job_id: FromPath[uuid.UUID],
+        service: NamedDependency[QueueService],
+        tenant: TenantScope = None,
     ) -> JobView:
         """The job's full view."""
-        return await service.get(job_id)
+        return await service.get(job_id, tenant)
 
     @post(
         "/next",
@@ -350,10 +360,13 @@ class JobController(Controller):
         responses=problems(404, 409),
     )
     async def cancel(
-        self, job_id: FromPath[uuid.UUID], service: NamedDependency[QueueService]
+        self,
+        job_id: FromPath[uuid.UUID],
+        service: NamedDependency[QueueService],
+        tenant: TenantScope = None,
     ) -> JobView:
         """PENDING/SCHEDULED → CANCELLED at once; PROCESSING → cancel requested."""
-        return await service.cancel(job_id)
+        return await service.cancel(job_id, tenant)
 
     @post(
         "/{job_id:uuid}/retry",
@@ -362,10 +375,13 @@ class JobController(Controller):
         responses=problems(404, 409),
     )
     async def retry(
-        self, job_id: FromPath[uuid.UUID], service: NamedDependency[QueueService]
+        self,
+        job_id: FromPath[uuid.UUID],
+        service: NamedDependency[QueueService],
+        tenant: TenantScope = None,
     ) -> JobView:
         """DEAD_LETTER/CANCELLED → PENDING with attempts and releases reset; 409 otherwise."""
-        return await service.retry(job_id)
+        return await service.retry(job_id, tenant)
 
 
 @post(
@@ -377,10 +393,13 @@ class JobController(Controller):
     responses=problems(413, 415),
 )
 async def redrive(
-    data: JSONBody[RedriveRequest], service: NamedDependency[QueueService]
+    data: JSONBody[RedriveRequest],
+    service: NamedDependency[QueueService],
+    tenant: TenantScope = None,
 ) -> RedriveResponse:
-    """Move dead-lettered jobs (optionally of one queue and task type) back to PENDING."""
-    moved = await service.redrive(data.queue, data.task_type, data.limit)
+    """Move dead-lettered jobs (optionally of one queue, task type and tenant) back to
+    PENDING."""
+    moved = await service.redrive(data.queue, data.task_type, data.limit, tenant)
     return RedriveResponse(moved=moved)
 
 

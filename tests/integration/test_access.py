@@ -9,7 +9,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from common.access import parse_api_keys
+from common.access import Caller, Role, parse_api_keys
 from services.producer.app import create_app as create_producer
 from services.producer.settings import ProducerSettings
 from services.queue.app import create_app as create_queue
@@ -89,8 +89,24 @@ async def test_queue_service_requires_the_internal_token(
 
 
 def test_api_key_specs() -> None:
-    assert parse_api_keys(f"admin:{ADMIN}, submit:{SUBMIT}") == {ADMIN: "admin", SUBMIT: "submit"}
-    for bad in ("root:" + ADMIN, "admin:short", f"admin:{ADMIN},submit:{ADMIN}", ADMIN):
+    assert parse_api_keys(f"admin:{ADMIN}, submit:{SUBMIT}") == {
+        ADMIN: Caller(Role.ADMIN, "default"),
+        SUBMIT: Caller(Role.SUBMIT, "default"),
+    }
+    assert parse_api_keys(f"admin:*:{ADMIN}\n# a comment\n\nsubmit:acme:{SUBMIT}") == {
+        ADMIN: Caller(Role.ADMIN, "*"),
+        SUBMIT: Caller(Role.SUBMIT, "acme"),
+    }
+    # A key with a colon in the old form stays one key when its head is no tenant name.
+    assert parse_api_keys(f"submit:Ab:{SUBMIT}") == {f"Ab:{SUBMIT}": Caller(Role.SUBMIT, "default")}
+    for bad in (
+        "root:" + ADMIN,
+        "admin:short",
+        f"admin:{ADMIN},submit:{ADMIN}",
+        ADMIN,
+        f"submit:*:{SUBMIT}",
+        f"admin:acme:{ADMIN},submit:globex:{ADMIN}",
+    ):
         with pytest.raises(ValueError) as error:
             parse_api_keys(bad)
         assert ADMIN not in str(error.value), "a key must never appear in an error"
