@@ -13,8 +13,10 @@ import re
 import sys
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BeforeValidator, Field, SecretStr, ValidationError
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from common.serving import ServerLimits
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -72,6 +74,36 @@ class BaseServiceSettings(BaseSettings):
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
+
+
+class HttpServiceSettings(BaseServiceSettings):
+    """Settings of the HTTP services (producer, queue service): connection, time and size
+    limits of their HTTP server (docs/architecture.md#connection-limits), and the switch that
+    lets them run open on a non-loopback address (docs/architecture.md#access)."""
+
+    http_max_connections: int = Field(default=2048, ge=1, le=1_000_000)
+    http_keep_alive_timeout: Duration = 5.0
+    http_header_timeout: Duration = 10.0
+    http_body_timeout: Duration = 30.0
+    http_max_header_bytes: Size = Field(default=64 * 1024, ge=1024)
+    jobq_insecure_open_access: bool = False
+
+    @field_validator("http_keep_alive_timeout", "http_header_timeout", "http_body_timeout")
+    @classmethod
+    def _positive_timeout(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("a timeout must be greater than zero")
+        return value
+
+    def server_limits(self) -> ServerLimits:
+        """The HTTP server limits these settings describe."""
+        return ServerLimits(
+            max_connections=self.http_max_connections,
+            keep_alive_timeout=self.http_keep_alive_timeout,
+            header_timeout=self.http_header_timeout,
+            body_timeout=self.http_body_timeout,
+            max_header_bytes=self.http_max_header_bytes,
+        )
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseServiceSettings)

@@ -125,9 +125,21 @@ class _HttpProblem(JobqError):
     """An HTTP error raised by the framework itself (404, 405, 413, 415, …)."""
 
 
+_CLIENT_GONE = "client disconnected prematurely"
+"""Litestar's detail when the client went away while its body was read (no server error)."""
+
+
 def _http_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     assert isinstance(exc, HTTPException)
-    if exc.status_code >= 500:
+    if exc.status_code >= 500 and exc.detail == _CLIENT_GONE:
+        # Nobody reads this reply; the server closed the connection or the client left.
+        logger.info(
+            "client left while sending %s %s",
+            request.method,
+            request.url.path,
+            extra={"event": "client_disconnected"},
+        )
+    elif exc.status_code >= 500:
         logger.error(
             "server error on %s %s: %s",
             request.method,

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from common.serving import ServerLimits, server_config
 from infra.servers import ServerUnavailable, ensure_postgres, ensure_redis
 from infra.stack import ROOT, free_port
 from services.queue.repository import JobRepository, create_pool
@@ -130,13 +131,14 @@ def fresh_database_name(postgres_base: str) -> Iterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """Serve `app` with a real uvicorn server on a free loopback port, in this event loop, and
-    yield an httpx client for it; the server (and the app's lifespan) stops on exit."""
+async def serving(app: Any, limits: ServerLimits | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    """Serve `app` with a real uvicorn server on a free loopback port, in this event loop,
+    within `limits` (the services' own HTTP protocol and defaults), and yield an httpx client
+    for it; the server (and the app's lifespan) stops on exit."""
     import uvicorn
 
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+    config = server_config(app, "127.0.0.1", port, limits or ServerLimits(), lifespan="on")
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve())

@@ -7,10 +7,10 @@ from pathlib import Path
 from pydantic import SecretStr, field_validator, model_validator
 
 from common.access import ApiKeys, parse_api_keys
-from common.settings import BaseServiceSettings, Duration, Port, Token
+from common.settings import Duration, HttpServiceSettings, Port, Token
 
 
-class ProducerSettings(BaseServiceSettings):
+class ProducerSettings(HttpServiceSettings):
     """Everything the producer reads from its environment; durations are seconds."""
 
     queue_service_url: str = "http://127.0.0.1:8081"
