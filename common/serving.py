@@ -78,123 +78,126 @@ class _HeadersTooLarge(Exception):
     """Raised from a parser callback to stop reading headers past the size cap."""
 
 
-def limited_protocol(limits: ServerLimits) -> type[HttpToolsProtocol]:
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the header and body deadlines, the header size cap
-    and the no-drain rule of the module docstring (pass it as `uvicorn.Config(http=…)`)."""
+    and the no-drain rule of the module docstring; `limited_protocol` sets its `limits`."""
 
-    class LimitedHttpToolsProtocol(HttpToolsProtocol):
-        _deadline: asyncio.TimerHandle | None = None
-        _header_bytes = 0
-        _reading_headers = True
-        _received_any = False
-        _lingering = -1  # bytes still to discard after an early answer; -1: not lingering
+    limits = ServerLimits()
+    _deadline: asyncio.TimerHandle | None = None
+    _header_bytes = 0
+    _reading_headers = True
+    _received_any = False
+    _lingering = -1  # bytes still to discard after an early answer; -1: not lingering
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm(limits.header_timeout, self._headers_too_slow)
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.limits.header_timeout, self._headers_too_slow)
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
 
-        def data_received(self, data: bytes) -> None:
-            if self._lingering >= 0:
-                self._lingering -= len(data)
-                if self._lingering < 0:
-                    self.transport.close()
-                return
-            self._received_any = True
-            super().data_received(data)
+    def data_received(self, data: bytes) -> None:
+        if self._lingering >= 0:
+            self._lingering -= len(data)
+            if self._lingering < 0:
+                self.transport.close()
+            return
+        self._received_any = True
+        super().data_received(data)
 
-        def send_400_response(self, msg: str) -> None:
-            # uvicorn answers any parser error 400; headers stopped for their size get 431.
-            if self._reading_headers and self._header_bytes > limits.max_header_bytes:
-                self._refuse(_HEADERS_TOO_LARGE, "http_headers_too_large")
-            else:
-                super().send_400_response(msg)
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn answers any parser error 400; headers stopped for their size get 431.
+        if self._reading_headers and self._header_bytes > self.limits.max_header_bytes:
+            self._refuse(_HEADERS_TOO_LARGE, "http_headers_too_large")
+        else:
+            super().send_400_response(msg)
 
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._reading_headers = True
-            self._header_bytes = 0
-            if self._deadline is None:
-                self._arm(limits.header_timeout, self._headers_too_slow)
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._reading_headers = True
+        self._header_bytes = 0
+        if self._deadline is None:
+            self._arm(self.limits.header_timeout, self._headers_too_slow)
 
-        def on_url(self, url: bytes) -> None:
-            self._count_header_bytes(len(url))
-            super().on_url(url)
+    def on_url(self, url: bytes) -> None:
+        self._count_header_bytes(len(url))
+        super().on_url(url)
 
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._count_header_bytes(len(name) + len(value) + 4)
-            super().on_header(name, value)
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header_bytes(len(name) + len(value) + 4)
+        super().on_header(name, value)
 
-        def _count_header_bytes(self, size: int) -> None:
-            self._header_bytes += size
-            if self._header_bytes > limits.max_header_bytes:
-                raise _HeadersTooLarge
+    def _count_header_bytes(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > self.limits.max_header_bytes:
+            raise _HeadersTooLarge
 
-        def on_headers_complete(self) -> None:
-            self._reading_headers = False
-            self._disarm()
-            super().on_headers_complete()
-            # Armed now, disarmed by on_message_complete (at once for a bodiless request).
-            self._arm(limits.body_timeout, self._body_too_slow)
+    def on_headers_complete(self) -> None:
+        self._reading_headers = False
+        self._disarm()
+        super().on_headers_complete()
+        # Armed now, disarmed by on_message_complete (at once for a bodiless request).
+        self._arm(self.limits.body_timeout, self._body_too_slow)
 
-        def on_message_complete(self) -> None:
-            self._disarm()
-            super().on_message_complete()
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
 
-        def on_response_complete(self) -> None:
-            cycle = self.cycle
-            if cycle is not None and cycle.more_body and not self.transport.is_closing():
-                # Answered before its body arrived: end the connection, lingering briefly so
-                # the answer is read before the close resets the connection.
-                self._lingering = LINGER_BYTES
-                self._arm(LINGER_SECONDS, self.transport.close)
-                if self.transport.can_write_eof():
-                    self.transport.write_eof()
-                self.flow.resume_reading()
-                return
-            super().on_response_complete()
+    def on_response_complete(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not self.transport.is_closing():
+            # Answered before its body arrived: end the connection, lingering briefly so
+            # the answer is read before the close resets the connection.
+            self._lingering = LINGER_BYTES
+            self._arm(LINGER_SECONDS, self.transport.close)
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.flow.resume_reading()
+            return
+        super().on_response_complete()
 
-        def _arm(self, seconds: float, callback: Any) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(seconds, callback)
+    def _arm(self, seconds: float, callback: Any) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, callback)
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-
-        def _headers_too_slow(self) -> None:
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
             self._deadline = None
-            if self.transport.is_closing():
-                return
-            if self._received_any and (self.cycle is None or self.cycle.response_complete):
-                self._refuse(_HEADER_TIMEOUT, "http_header_timeout")
-            else:
-                self._refuse(None, "http_header_timeout")
 
-        def _body_too_slow(self) -> None:
-            self._deadline = None
-            if self.transport.is_closing():
-                return
-            started = self.cycle is not None and self.cycle.response_started
-            self._refuse(None if started else _BODY_TIMEOUT, "http_body_timeout")
+    def _headers_too_slow(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self._received_any and (self.cycle is None or self.cycle.response_complete):
+            self._refuse(_HEADER_TIMEOUT, "http_header_timeout")
+        else:
+            self._refuse(None, "http_header_timeout")
 
-        def _refuse(self, response: bytes | None, event: str) -> None:
-            logger.warning(
-                "closing a connection from %s: %s",
-                self.client[0] if self.client else "?",
-                event.removeprefix("http_").replace("_", " "),
-                extra={"event": event},
-            )
-            self._disarm()
-            if response is not None:
-                self.transport.write(response)
-            self.transport.close()
+    def _body_too_slow(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        started = self.cycle is not None and self.cycle.response_started
+        self._refuse(None if started else _BODY_TIMEOUT, "http_body_timeout")
 
-    return LimitedHttpToolsProtocol
+    def _refuse(self, response: bytes | None, event: str) -> None:
+        logger.warning(
+            "closing a connection from %s: %s",
+            self.client[0] if self.client else "?",
+            event.removeprefix("http_").replace("_", " "),
+            extra={"event": event},
+        )
+        self._disarm()
+        if response is not None:
+            self.transport.write(response)
+        self.transport.close()
+
+
+def limited_protocol(limits: ServerLimits) -> type[HttpToolsProtocol]:
+    """`LimitedHttpToolsProtocol` within `limits` (pass it as `uvicorn.Config(http=…)`)."""
+    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
 
 
 class _Server(uvicorn.Server):

@@ -5,6 +5,7 @@ internal token says "upstream misconfigured" instead of passing the queue's 401 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator
 
@@ -65,10 +66,8 @@ async def unauthenticated_upload(port: int) -> bytes:
     except (ConnectionError, OSError):
         pass
     finally:
-        try:
+        with contextlib.suppress(ConnectionError, OSError):
             await sending
-        except (ConnectionError, OSError):
-            pass
         writer.close()
     return bytes(answer)
 
