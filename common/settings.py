@@ -14,7 +14,7 @@ import sys
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from common.serving import ServerLimits
 
@@ -55,11 +55,47 @@ def parse_size(value: object) -> int:
     return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
 
 
+RateUnit = Literal["second", "minute", "hour", "day"]
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour|d|day)\s*$")
+_RATE_UNITS: dict[str, RateUnit] = {
+    "s": "second",
+    "sec": "second",
+    "second": "second",
+    "m": "minute",
+    "min": "minute",
+    "minute": "minute",
+    "h": "hour",
+    "hour": "hour",
+    "d": "day",
+    "day": "day",
+}
+
+
+def parse_rate(value: object) -> tuple[RateUnit, int] | None:
+    """Parse a rate such as `100/second`, `6000/minute` or `50/h` into (unit, count); an
+    empty value, `0` or `off` is None (no limit).
+
+    Raises ValueError for anything else, including a count of 0 with a unit.
+    """
+    if value is None or (isinstance(value, tuple) and len(value) == 2):
+        return value
+    text = str(value).strip().lower()
+    if text in ("", "0", "off"):
+        return None
+    match = _RATE.match(text)
+    if not match or int(match.group(1)) < 1:
+        raise ValueError(f"{value!r} is not a rate: use <count>/<second|minute|hour|day>, or off")
+    return _RATE_UNITS[match.group(2)], int(match.group(1))
+
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 """A duration in seconds, accepting the unit suffixes of `parse_duration`."""
 
 Size = Annotated[int, BeforeValidator(parse_size)]
 """A size in bytes, accepting `KiB`/`MiB`/`GiB`."""
+
+Rate = Annotated[tuple[RateUnit, int] | None, NoDecode, BeforeValidator(parse_rate)]
+"""A rate limit as (unit, count), or None for none; see `parse_rate`."""
 
 Port = Annotated[int, Field(ge=0, le=65535)]
 

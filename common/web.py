@@ -8,6 +8,7 @@ has the same shape, and a 500 never leaks internals.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Callable
 from types import ModuleType
@@ -24,7 +25,13 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from common.contracts import REQUEST_BODY_MAX_BYTES
-from common.errors import InvalidInput, JobqError, MalformedRequest, PayloadTooLarge
+from common.errors import (
+    InvalidInput,
+    JobqError,
+    MalformedRequest,
+    PayloadTooLarge,
+    RateLimited,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -96,13 +103,18 @@ def _validation_to_error(exc: ValidationException) -> JobqError:
     return InvalidInput(summary, errors=errors)
 
 
-def problem_response(error: JobqError, request: Request[Any, Any, Any]) -> Response[Any]:
-    """Render `error` as an `application/problem+json` response."""
-    headers = None
+def problem_response(
+    error: JobqError, request: Request[Any, Any, Any], headers: dict[str, str] | None = None
+) -> Response[Any]:
+    """Render `error` as an `application/problem+json` response, with `headers` and those its
+    status calls for (`Retry-After` on 503 and 429, `WWW-Authenticate` on 401)."""
+    headers = dict(headers or {})
     if error.status == 503:
-        headers = {"Retry-After": "1"}
+        headers["Retry-After"] = "1"
     elif error.status == 401:
-        headers = {"WWW-Authenticate": 'Bearer realm="jobq"'}
+        headers["WWW-Authenticate"] = 'Bearer realm="jobq"'
+    elif isinstance(error, RateLimited) and error.retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
     return Response(
         content=error.to_problem(instance=request.url.path),
         status_code=error.status,
@@ -154,6 +166,15 @@ def _http_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[A
     if exc.status_code == 413:
         limit = f"the request body exceeds {REQUEST_BODY_MAX_BYTES} bytes"
         return problem_response(PayloadTooLarge(limit), request)
+    if exc.status_code == 429:
+        # Litestar's rate-limit middleware: its RateLimit-* headers, and Retry-After.
+        headers = dict(exc.headers or {})
+        reset = headers.get("RateLimit-Reset", "")
+        limited = RateLimited(
+            "this tenant's request rate is used up; retry after Retry-After seconds",
+            retry_after=float(reset) if reset.isdigit() else None,
+        )
+        return problem_response(limited, request, headers)
     error = _HttpProblem(str(exc.detail))
     body = {
         "type": "about:blank",
@@ -278,6 +299,7 @@ _PROBLEM_DESCRIPTIONS = {
     413: "Body or payload too large",
     415: "The body is not application/json",
     422: "A bound was broken; `errors` points at each bad input",
+    429: "The tenant's rate is used up; retry after Retry-After seconds",
     503: "A dependency is unavailable; retry after Retry-After seconds",
 }
 ALWAYS = (400, 401, 422, 503)

@@ -25,6 +25,8 @@ from common.web import (
     require_json_body,
 )
 from services.producer.client import QueueServiceClient
+from services.producer.limits import STORE_NAME, create_store, request_rate_limit
+from services.producer.metrics import ProducerMetrics
 from services.producer.routes import JobController, redrive
 from services.producer.settings import ProducerSettings
 
@@ -41,6 +43,12 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
     """Build the producer; its pooled HTTP client to the queue service lives in the lifespan."""
     settings = settings or ProducerSettings()
     registry = CollectorRegistry(auto_describe=True)
+    metrics = ProducerMetrics(registry)
+    keys = settings.api_keys()
+    store, redis_client = create_store(settings.redis_url)
+    middleware: list[Any] = [prometheus_config("producer").middleware]
+    if settings.producer_rate_limit is not None:
+        middleware.append(request_rate_limit(settings.producer_rate_limit, keys, metrics))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -56,6 +64,8 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
                 yield
             finally:
                 await client.aclose()
+                if redis_client is not None:
+                    await redis_client.aclose()
 
     def provide_queue(state: State) -> QueueServiceClient:
         client: QueueServiceClient = state.queue
@@ -73,8 +83,9 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         },
         exception_handlers=exception_handlers(),
         before_request=require_json_body,
-        guards=[role_guard(settings.api_keys())],
-        middleware=[prometheus_config("producer").middleware],
+        guards=[role_guard(keys)],
+        middleware=middleware,
+        stores={STORE_NAME: store},
         openapi_config=OpenAPIConfig(title="jobq producer", version="0.1.0", path="/schema"),
         request_max_body_size=REQUEST_BODY_MAX_BYTES,
         logging_config=None,

@@ -41,6 +41,9 @@ from common.validation import check_payload
 from common.web import problems
 from services.producer.client import QueueServiceClient
 
+RATE_LIMITED = 429
+"""Any public route may answer it (docs/architecture.md#rate-limits)."""
+
 PUBLIC_LIST_PARAMETERS = LIST_PARAMETERS - {"tenant"}
 """The public listing has no tenant parameter: the key decides."""
 
@@ -58,7 +61,7 @@ class JobController(Controller):
         summary="Submit a job",
         responses={
             200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
-            **problems(409, 413, 415),
+            **problems(409, 413, 415, RATE_LIMITED),
         },
     )
     async def submit(
@@ -88,7 +91,7 @@ class JobController(Controller):
         status_code=200,
         summary="Submit up to 500 jobs",
         dto=StrictJSON[BatchSubmitRequest],
-        responses=problems(413, 415),
+        responses=problems(413, 415, RATE_LIMITED),
     )
     async def submit_batch(
         self,
@@ -116,7 +119,7 @@ class JobController(Controller):
     @get(
         "/",
         summary="List jobs (newest first); admin",
-        responses=problems(403),
+        responses=problems(403, RATE_LIMITED),
         opt=ADMIN_ONLY,
     )
     async def list_jobs(
@@ -147,7 +150,7 @@ class JobController(Controller):
                 params[name] = str(value)
         return await queue_client.list_jobs(params)
 
-    @get("/{job_id:uuid}", summary="Read a job", responses=problems(404))
+    @get("/{job_id:uuid}", summary="Read a job", responses=problems(404, RATE_LIMITED))
     async def read(
         self,
         job_id: FromPath[uuid.UUID],
@@ -161,7 +164,7 @@ class JobController(Controller):
         "/{job_id:uuid}/cancel",
         status_code=200,
         summary="Cancel a job",
-        responses=problems(403, 404, 409),
+        responses=problems(403, 404, 409, RATE_LIMITED),
         opt=ADMIN_ONLY,
     )
     async def cancel(
@@ -178,7 +181,7 @@ class JobController(Controller):
         "/{job_id:uuid}/retry",
         status_code=200,
         summary="Run a dead-lettered or cancelled job again",
-        responses=problems(403, 404, 409),
+        responses=problems(403, 404, 409, RATE_LIMITED),
         opt=ADMIN_ONLY,
     )
     async def retry(
@@ -197,7 +200,7 @@ class JobController(Controller):
     dto=StrictJSON[RedriveRequest],
     tags=["dead-letter"],
     summary="Redrive dead-lettered jobs; admin",
-    responses=problems(403, 413, 415),
+    responses=problems(403, 413, 415, RATE_LIMITED),
     opt=ADMIN_ONLY,
 )
 async def redrive(

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import SecretStr, field_validator, model_validator
 
 from common.access import ApiKeys, parse_api_keys
-from common.settings import Duration, HttpServiceSettings, Port, Token
+from common.settings import Duration, HttpServiceSettings, Port, Rate, Token
 
 
 class ProducerSettings(HttpServiceSettings):
@@ -21,6 +21,8 @@ class ProducerSettings(HttpServiceSettings):
     queue_internal_token: Token | None = None
     jobq_api_keys: SecretStr | None = None
     jobq_api_keys_file: Path | None = None
+    producer_rate_limit: Rate = None
+    redis_url: str = "redis://127.0.0.1:6379/0"
 
     @field_validator("jobq_api_keys")
     @classmethod
