@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from infra.stack import LocalStack
+from tests.e2e.conftest import wait_for_status
 
 KEY = "submit-key-0123456789abcdef"
 KEYS = f"submit:acme:{KEY}"
@@ -27,13 +28,13 @@ RSS_CEILING_BYTES = 150 * 1024 * 1024
 async def guarded(
     database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[LocalStack]:
-    """Queue service and producer (with API keys), no worker."""
+    """Queue service and producer (with API keys), and a worker whose jobs may run 1 s."""
     stack = LocalStack(
         database_url,
         redis_url,
         tmp_path_factory.mktemp("guarded"),
-        workers=0,
-        environment={"JOBQ_API_KEYS": KEYS},
+        workers=1,
+        environment={"JOBQ_API_KEYS": KEYS, "WORKER_JOB_TIMEOUT": "1s"},
     )
     await stack.start()
     try:
@@ -110,3 +111,19 @@ async def test_sixteen_unauthenticated_8_mib_bodies_leave_the_producer_small(
     answered = [answer for answer in answers if answer]
     assert answered, "no upload got an answer"
     assert all(answer.startswith(b"HTTP/1.1 401 ") for answer in answered), answered
+
+
+async def test_a_submitter_cannot_outlast_the_workers_job_timeout(guarded: LocalStack) -> None:
+    long = {
+        "taskType": "sleep",
+        "payload": {"ms": 3000},
+        "timeoutSeconds": 43_200,
+        "maxAttempts": 1,
+    }
+    async with httpx.AsyncClient(base_url=guarded.producer, timeout=30) as client:
+        created = await client.post("/jobs", json=long, headers=BEARER)
+        view = await wait_for_status(
+            client, created.json()["jobId"], {"DEAD_LETTER", "COMPLETED"}, headers=BEARER
+        )
+    assert view["status"] == "DEAD_LETTER", view
+    assert view["lastError"] == "timed out after 1s (timeoutSeconds)"
