@@ -150,7 +150,8 @@ class BatchSubmitRequest(_Wire):
 
 class BatchEntryResult(_Wire, omit_defaults=True):
     """One entry's outcome, in request order: `status` 202 (created), 200 (replay, including
-    a repeated idempotency key within the batch), 409, 413 or 422 with `error` problem details."""
+    a repeated idempotency key within the batch), 409, 413, 422 or 429 (the tenant's email
+    rate) with `error` problem details."""
 
     index: int
     status: int

@@ -13,9 +13,17 @@ import re
 import sys
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from common.mail import EmailPolicy
 from common.serving import ServerLimits
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -97,6 +105,17 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 Rate = Annotated[tuple[RateUnit, int] | None, NoDecode, BeforeValidator(parse_rate)]
 """A rate limit as (unit, count), or None for none; see `parse_rate`."""
 
+
+def split_commas(value: object) -> object:
+    """`a, b,,c` → ["a", "b", "c"]; anything but a string passes unchanged."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(split_commas)]
+"""A list setting written comma-separated (`WORKER_QUEUES=default,email`)."""
+
 Port = Annotated[int, Field(ge=0, le=65535)]
 
 Token = Annotated[SecretStr, Field(min_length=16)]
@@ -140,6 +159,23 @@ class HttpServiceSettings(BaseServiceSettings):
             body_timeout=self.http_body_timeout,
             max_header_bytes=self.http_max_header_bytes,
         )
+
+
+class EmailPolicySettings(BaseServiceSettings):
+    """Who email jobs may name as sender and send to (docs/architecture.md#email), read by
+    the producer (checked at submit) and the worker (checked again before sending)."""
+
+    smtp_allowed_senders: CommaList = []
+    smtp_allowed_recipient_domains: CommaList = []
+
+    @model_validator(mode="after")
+    def _valid_policy(self) -> EmailPolicySettings:
+        self.email_policy()
+        return self
+
+    def email_policy(self) -> EmailPolicy:
+        """The policy these settings describe; raises ValueError for a bad entry."""
+        return EmailPolicy.of(self.smtp_allowed_senders, self.smtp_allowed_recipient_domains)
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseServiceSettings)

@@ -24,8 +24,9 @@ from common.web import (
     refine_struct_schemas,
     require_json_body,
 )
+from services.producer.admission import Admission, payload_checks
 from services.producer.client import QueueServiceClient
-from services.producer.limits import STORE_NAME, create_store, request_rate_limit
+from services.producer.limits import STORE_NAME, TenantWindow, create_store, request_rate_limit
 from services.producer.metrics import ProducerMetrics
 from services.producer.routes import JobController, redrive
 from services.producer.settings import ProducerSettings
@@ -74,12 +75,23 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
     def provide_caller(request: Request[Any, Any, Any]) -> Caller:
         return caller_of(request)
 
+    email_rate = settings.smtp_tenant_rate
+    admission = Admission(
+        payload_checks(settings.email_policy()),
+        TenantWindow(store, email_rate, "email") if email_rate is not None else None,
+        metrics,
+    )
+
+    def provide_admission() -> Admission:
+        return admission
+
     app = Litestar(
         route_handlers=[JobController, redrive, ready, live, metrics_route(registry)],
         lifespan=[lifespan],
         dependencies={
             "queue_client": Provide(provide_queue, sync_to_thread=False),
             "caller": Provide(provide_caller, sync_to_thread=False),
+            "admission": Provide(provide_admission, sync_to_thread=False),
         },
         exception_handlers=exception_handlers(),
         before_request=require_json_body,

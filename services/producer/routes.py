@@ -39,6 +39,7 @@ from common.queries import (
 )
 from common.validation import check_payload
 from common.web import problems
+from services.producer.admission import Admission
 from services.producer.client import QueueServiceClient
 
 RATE_LIMITED = 429
@@ -69,6 +70,7 @@ class JobController(Controller):
         data: JSONBody[SubmitJobRequest],
         queue_client: NamedDependency[QueueServiceClient],
         caller: NamedDependency[Caller],
+        admission: NamedDependency[Admission],
     ) -> Response[SubmitJobResponse]:
         """Validate the job and hand it to the queue service (group-committed with concurrent
         submits; the reply comes after the insert committed). The caller's tenant owns it.
@@ -76,6 +78,7 @@ class JobController(Controller):
         The job id is minted here, once, so a retried forward is a replay, never a duplicate.
         """
         size = check_payload(data.payload)
+        await admission.admit(caller, data)
         fields = msgspec.structs.asdict(data)
         reply, created = await queue_client.submit(
             EnqueueRequest(**fields, job_id=new_job_id(), tenant=caller.owner), size
@@ -98,10 +101,18 @@ class JobController(Controller):
         data: JSONBody[BatchSubmitRequest],
         queue_client: NamedDependency[QueueServiceClient],
         caller: NamedDependency[Caller],
+        admission: NamedDependency[Admission],
     ) -> BatchSubmitResponse:
         """Each entry is validated on its own and answered in order: 202 created, 200 replay
-        (also a key repeated within the batch), 409, 413 or 422 with problem details."""
-        decoded = decode_entries(data.jobs, SubmitJobRequest)
+        (also a key repeated within the batch), 409, 413, 422 or 429 with problem details."""
+        decoded: list[SubmitJobRequest | JobqError] = []
+        for index, candidate in enumerate(decode_entries(data.jobs, SubmitJobRequest)):
+            if not isinstance(candidate, JobqError):
+                try:
+                    await admission.admit(caller, candidate, f"/jobs/{index}/payload")
+                except JobqError as exc:
+                    candidate = exc
+            decoded.append(candidate)
         indexes, valid = split_valid(decoded)
         results = [entry_result(i, d) for i, d in enumerate(decoded) if isinstance(d, JobqError)]
         if valid:

@@ -7,10 +7,10 @@ from pathlib import Path
 from pydantic import SecretStr, field_validator, model_validator
 
 from common.access import ApiKeys, parse_api_keys
-from common.settings import Duration, HttpServiceSettings, Port, Rate, Token
+from common.settings import Duration, EmailPolicySettings, HttpServiceSettings, Port, Rate, Token
 
 
-class ProducerSettings(HttpServiceSettings):
+class ProducerSettings(HttpServiceSettings, EmailPolicySettings):
     """Everything the producer reads from its environment; durations are seconds."""
 
     queue_service_url: str = "http://127.0.0.1:8081"
@@ -23,6 +23,7 @@ class ProducerSettings(HttpServiceSettings):
     jobq_api_keys_file: Path | None = None
     producer_rate_limit: Rate = None
     redis_url: str = "redis://127.0.0.1:6379/0"
+    smtp_tenant_rate: Rate = ("minute", 100)
 
     @field_validator("jobq_api_keys")
     @classmethod

@@ -5,23 +5,18 @@ from __future__ import annotations
 import os
 import re
 import socket
-from typing import Annotated
 
 from pydantic import Field, field_validator
-from pydantic_settings import NoDecode
 
 from common.contracts import CLAIM_MAX, NAME_PATTERN, WAIT_SECONDS_MAX
-from common.settings import BaseServiceSettings, Duration, Port, Token, parse_duration
+from common.settings import CommaList, Duration, EmailPolicySettings, Port, Token, parse_duration
 
 
 def _default_worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"[:200]
 
 
-CommaList = Annotated[list[str], NoDecode]
-
-
-class WorkerSettings(BaseServiceSettings):
+class WorkerSettings(EmailPolicySettings):
     """Everything a worker replica reads from its environment.
 
     List settings are comma-separated (`WORKER_QUEUES=default,email`).
@@ -51,19 +46,6 @@ class WorkerSettings(BaseServiceSettings):
     webhook_allowed_hosts: CommaList = []
     webhook_timeout: Duration = 10.0
     worker_timeout_caps: CommaList = []
-
-    @field_validator(
-        "worker_queues",
-        "worker_processor_modules",
-        "webhook_allowed_hosts",
-        "worker_timeout_caps",
-        mode="before",
-    )
-    @classmethod
-    def _split(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
 
     @field_validator("worker_queues")
     @classmethod

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from aiosmtpd.controller import Controller
 
+from common.mail import EmailPolicy
 from services.worker.processors import (
     JobContext,
     NonRetryable,
@@ -374,15 +375,38 @@ async def test_email_is_delivered_with_stable_message_id(smtp: tuple[Collector, 
     assert str(message.get_payload()).strip() == "Hi there"
 
 
-async def test_email_single_recipient_and_custom_from(smtp: tuple[Collector, int]) -> None:
+async def test_email_from_an_allowed_sender_keeps_the_envelope_sender(
+    smtp: tuple[Collector, int],
+) -> None:
     collector, port = smtp
-    processor = EmailProcessor("127.0.0.1", port, "jobq@localhost", 5.0)
-    payload = {"to": "c@example.com", "subject": "S", "from": "team@example.com"}
+    policy = EmailPolicy.of(["team@example.com"], [])
+    processor = EmailProcessor("127.0.0.1", port, "jobq@localhost", 5.0, policy)
+    payload = {
+        "to": "c@example.com",
+        "subject": "S",
+        "from": "team@example.com",
+        "replyTo": "me@elsewhere.example",
+    }
     result = await processor(job(payload, "email"))
     assert result["recipients"] == ["c@example.com"]
     ((mail_from, _, message),) = collector.messages
-    assert mail_from == "team@example.com"
+    assert mail_from == "jobq@localhost", "the envelope sender is always the operator's"
     assert message["From"] == "team@example.com"
+    assert message["Reply-To"] == "me@elsewhere.example"
+
+
+async def test_email_is_no_open_relay(smtp: tuple[Collector, int]) -> None:
+    collector, port = smtp
+    processor = EmailProcessor(
+        "127.0.0.1", port, "jobq@localhost", 5.0, EmailPolicy.of([], ["example.com"])
+    )
+    spoof = {"to": "victim@example.com", "from": "security@bank.example", "subject": "Reset"}
+    with pytest.raises(NonRetryable, match="/from"):
+        await processor(job(spoof, "email"))
+    outside = {"to": ["a@example.com", "victim@example.net"], "subject": "S"}
+    with pytest.raises(NonRetryable, match="/to/1"):
+        await processor(job(outside, "email"))
+    assert collector.messages == []
 
 
 @pytest.mark.parametrize(
@@ -413,17 +437,18 @@ async def test_email_connection_refused_retries() -> None:
 @pytest.mark.parametrize(
     ("payload", "message"),
     [
-        ({"subject": "S"}, "needs `to`"),
-        ({"to": [], "subject": "S"}, "needs `to`"),
+        ({"subject": "S"}, "need `to`"),
+        ({"to": [], "subject": "S"}, "need `to`"),
         ({"to": "nobody", "subject": "S"}, "not an address"),
         ({"to": "a@b@c", "subject": "S"}, "not an address"),
         ({"to": "a@example.com, evil@example.com", "subject": "S"}, "not an address"),
-        ({"to": ["a@example.com", 5], "subject": "S"}, "must be strings"),
-        ({"to": "a@example.com"}, "needs `subject`"),
+        ({"to": ["a@example.com", 5], "subject": "S"}, "is a string"),
+        ({"to": "a@example.com"}, "need `subject`"),
         ({"to": "a@example.com", "subject": "a\r\nBcc: x@y"}, "single line"),
-        ({"to": "a@example.com", "subject": "S", "body": 3}, "`body` must be a string"),
-        ({"to": "a@example.com", "subject": "S", "from": "x"}, "`from`"),
-        ({"to": "a@example.com", "subject": "S", "cc": "b@example.com"}, "unknown keys"),
+        ({"to": "a@example.com", "subject": "S", "body": 3}, "body must be a string"),
+        ({"to": "a@example.com", "subject": "S", "from": "x"}, "/from"),
+        ({"to": "a@example.com", "subject": "S", "replyTo": "x"}, "/replyTo"),
+        ({"to": "a@example.com", "subject": "S", "cc": "b@example.com"}, "/cc: unknown key"),
         ({"to": [f"u{i}@example.com" for i in range(101)], "subject": "S"}, "at most 100"),
     ],
 )

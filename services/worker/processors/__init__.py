@@ -68,7 +68,11 @@ def build_registry(settings: WorkerSettings, http: httpx.AsyncClient) -> Process
     registry.register(
         "email",
         EmailProcessor(
-            settings.smtp_host, settings.smtp_port, settings.smtp_sender, settings.smtp_timeout
+            settings.smtp_host,
+            settings.smtp_port,
+            settings.smtp_sender,
+            settings.smtp_timeout,
+            settings.email_policy(),
         ),
     )
     registry.register("noop", noop)
