@@ -18,8 +18,10 @@ import msgspec
 from litestar import Litestar, MediaType, Request, Response, get
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.handlers import HTTPRouteHandler
+from litestar.openapi import OpenAPIConfig
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.openapi.spec import Schema
+from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.openapi.spec import Components, Schema, SecurityScheme
 from litestar.plugins.prometheus import PrometheusConfig
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -213,6 +215,27 @@ def exception_handlers() -> dict[type[Exception] | int, Callable[..., Response[A
         RecursionError: _too_deep_handler,
         Exception: _crash_handler,
     }
+
+
+def openapi_config(title: str, credential: str) -> OpenAPIConfig:
+    """The OpenAPI document at `/schema/openapi.json` (and `/schema`), declaring the bearer
+    security scheme every documented route uses; `credential` says which token it is.
+
+    No documentation UI is served: Litestar's UIs load their scripts from public CDNs, which a
+    service should not make its users' browsers fetch. Open the document (or the committed
+    `openapi/*.json`) in any OpenAPI viewer instead."""
+    return OpenAPIConfig(
+        title=title,
+        version="0.1.0",
+        path="/schema",
+        render_plugins=[JsonRenderPlugin()],
+        components=Components(
+            security_schemes={
+                "bearer": SecurityScheme(type="http", scheme="bearer", description=credential)
+            }
+        ),
+        security=[{"bearer": []}],
+    )
 
 
 def prometheus_config(app_name: str) -> PrometheusConfig:

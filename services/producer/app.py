@@ -9,7 +9,6 @@ from typing import Any
 from litestar import Litestar, Request, Response, get
 from litestar.datastructures import State
 from litestar.di import Provide
-from litestar.openapi import OpenAPIConfig
 from prometheus_client import CollectorRegistry
 
 from common import contracts
@@ -20,6 +19,7 @@ from common.web import (
     exception_handlers,
     live,
     metrics_route,
+    openapi_config,
     prometheus_config,
     refine_struct_schemas,
     require_json_body,
@@ -34,9 +34,11 @@ from services.producer.settings import ProducerSettings
 
 @get("/health/ready", include_in_schema=False)
 async def ready(state: State) -> Response[dict[str, Any]]:
-    """Readiness: the queue service answers."""
-    ok = await state.queue.live()
-    body = {"status": "ok" if ok else "unavailable", "queueService": "ok" if ok else "unreachable"}
+    """Readiness: the queue service answers and accepts the producer's token
+    (`queueService` is `ok`, `unreachable` or `misconfigured`)."""
+    upstream = await state.queue.readiness()
+    ok = upstream == "ok"
+    body = {"status": "ok" if ok else "unavailable", "queueService": upstream}
     return Response(body, status_code=200 if ok else 503)
 
 
@@ -98,7 +100,10 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         guards=[role_guard(keys)],
         middleware=middleware,
         stores={STORE_NAME: store},
-        openapi_config=OpenAPIConfig(title="jobq producer", version="0.1.0", path="/schema"),
+        openapi_config=openapi_config(
+            "jobq producer",
+            "An API key of JOBQ_API_KEYS (role:tenant:key); not needed when none is configured.",
+        ),
         request_max_body_size=REQUEST_BODY_MAX_BYTES,
         logging_config=None,
         debug=False,

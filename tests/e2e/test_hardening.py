@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from infra.stack import LocalStack
+from infra.stack import ROOT, LocalStack, free_port
 from tests.e2e.conftest import wait_for_status
+from tests.helpers import eventually
 
 KEY = "submit-key-0123456789abcdef"
 KEYS = f"submit:acme:{KEY}"
@@ -127,3 +132,69 @@ async def test_a_submitter_cannot_outlast_the_workers_job_timeout(guarded: Local
         )
     assert view["status"] == "DEAD_LETTER", view
     assert view["lastError"] == "timed out after 1s (timeoutSeconds)"
+
+
+@pytest.mark.parametrize(
+    ("module", "environment"),
+    [
+        ("services.queue", {"QUEUE_HOST": "0.0.0.0"}),
+        ("services.producer", {"PRODUCER_HOST": "0.0.0.0"}),
+    ],
+)
+def test_a_service_without_credentials_refuses_a_public_address(
+    module: str, environment: dict[str, str]
+) -> None:
+    inherited = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("QUEUE_INTERNAL_TOKEN", "JOBQ_API_KEYS", "JOBQ_API_KEYS_FILE")
+        and not k.startswith(("QUEUE_", "PRODUCER_", "JOBQ_"))
+    }
+    started = subprocess.run(
+        [sys.executable, "-m", module],
+        cwd=ROOT,
+        env={**inherited, **environment, "QUEUE_PORT": str(free_port())},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert started.returncode == 2, started.stderr
+    assert "JOBQ_INSECURE_OPEN_ACCESS=1" in started.stderr
+
+
+async def test_the_insecure_switch_starts_a_public_producer_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    log = tmp_path / "producer.log"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("PRODUCER_", "JOBQ_"))},
+        "PRODUCER_HOST": "0.0.0.0",
+        "PRODUCER_PORT": str(port),
+        "JOBQ_INSECURE_OPEN_ACCESS": "1",
+        "LOG_FORMAT": "json",
+    }
+    with log.open("wb") as output:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "services.producer",
+            cwd=ROOT,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+
+    async def live() -> int:
+        try:
+            async with httpx.AsyncClient(timeout=2) as client:
+                return (await client.get(f"http://127.0.0.1:{port}/health/live")).status_code
+        except httpx.HTTPError:
+            return 0
+
+    try:
+        await eventually(live, lambda status: status == 200, within=30, what="producer live")
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), 15)
+    assert '"event": "open_access"' in log.read_text()

@@ -110,3 +110,48 @@ def test_api_key_specs() -> None:
         with pytest.raises(ValueError) as error:
             parse_api_keys(bad)
         assert ADMIN not in str(error.value), "a key must never appear in an error"
+
+
+async def test_a_wrong_internal_token_is_the_producers_problem_not_the_callers(
+    clean_database: str, redis_url: str
+) -> None:
+    queue_settings = QueueSettings(
+        database_url=clean_database, redis_url=redis_url, queue_internal_token=SecretStr(TOKEN)
+    )
+    async with serving(create_queue(queue_settings)) as queue:
+        producer_settings = ProducerSettings(
+            queue_service_url=str(queue.base_url),
+            queue_internal_token=SecretStr("not-the-token-0123456789"),
+            jobq_api_keys=SecretStr(f"admin:{ADMIN}"),
+        )
+        async with serving(create_producer(producer_settings)) as producer:
+            submit = await producer.post(
+                "/jobs", json={"taskType": "noop", "payload": {}}, headers=bearer(ADMIN)
+            )
+            read = await producer.get(
+                "/jobs/00000000-0000-0000-0000-000000000000", headers=bearer(ADMIN)
+            )
+            ready = await producer.get("/health/ready")
+            # The queue service's probes need no token, but refuse a wrong one.
+            assert (await queue.get("/health/live")).status_code == 200
+            wrong = await queue.get("/health/live", headers=bearer("not-the-token-0123456789"))
+            assert wrong.status_code == 401
+    for reply in (submit, read):
+        assert reply.status_code == 503
+        assert reply.json()["type"] == "urn:jobq:problem:upstream-misconfigured"
+        assert reply.json()["title"] == "Upstream misconfigured"
+        assert "token" not in reply.text.lower(), "the queue's own 401 text stays inside"
+        assert reply.headers["retry-after"]
+    assert ready.status_code == 503
+    assert ready.json()["queueService"] == "misconfigured"
+
+
+async def test_the_api_description_is_served_without_a_documentation_ui(
+    services: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    producer, _ = services
+    document = await producer.get("/schema/openapi.json")
+    assert document.status_code == 200
+    assert document.json()["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    for ui in ("/schema/swagger", "/schema/redoc", "/schema/elements", "/schema/rapidoc"):
+        assert (await producer.get(ui)).status_code == 404, ui
