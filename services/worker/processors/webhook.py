@@ -188,13 +188,15 @@ class AllowedHost:
         text = entry.strip()
         host, port = text, None
         if text.startswith("["):
-            host, _, rest = text[1:].partition("]")
-            if rest and not rest.startswith(":"):
+            host, bracket, rest = text[1:].partition("]")
+            if not bracket or (rest and not rest.startswith(":")):
                 raise ValueError(f"{entry!r}: expected [address] or [address]:port")
             port = rest[1:] if rest else None
         elif text.count(":") == 1:
             host, port = text.split(":")
-        if not host or (port is not None and not (port.isdigit() and 0 < int(port) < 65536)):
+        if not _valid_host(host) or (
+            port is not None and not (port.isdigit() and 0 < int(port) < 65536)
+        ):
             raise ValueError(f"{entry!r}: expected host, host:port or [address]:port")
         return cls(_normalise_host(host), int(port) if port is not None else None)
 
@@ -361,6 +363,20 @@ def _parse_timeout(value: object) -> float | None:
     if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_SECONDS:
         raise NonRetryable(f"webhook `timeoutSeconds` must be > 0 and <= {MAX_TIMEOUT_SECONDS:g}")
     return float(value)
+
+
+_HOST_NAME: Final = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def _valid_host(host: str) -> bool:
+    """A host name, or an IP address (IPv6 without brackets)."""
+    if _HOST_NAME.fullmatch(host):
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _normalise_host(host: str) -> str:
