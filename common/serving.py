@@ -15,13 +15,14 @@ missing to uvicorn's own httptools protocol, the way nginx's `client_header_time
   connection is closed.
 - **Header size**: more than `max_header_bytes` of request line and headers is answered
   `431` and the connection is closed.
-- **Unread bodies are not drained**: a response sent before its request's body arrived (a
-  `401` from a guard, a `415`, a `429`) ends the connection, so an unauthenticated client
-  costs no more than its headers and cannot keep the connection busy with a body nobody
-  reads. Closing a socket with unread data makes the kernel send a reset, which can destroy
-  the response before the client reads it, so the close lingers as nginx's `lingering_close`
-  does, but briefly: the server finishes its side (FIN after the response), discards what
-  still arrives for at most `LINGER_SECONDS` or `LINGER_BYTES`, then closes.
+- **Unread bodies end the connection**: a response sent before its request's body arrived (a
+  `401` from a guard, a `413`, `415` or `429`) ends the connection, so a body nobody reads is
+  never buffered, parsed or waited for, and an unauthenticated client cannot keep the
+  connection busy. Closing a socket with unread data makes the kernel send a reset, which can
+  destroy the response before a client that sends its whole body first (most do) reads it, so
+  the close lingers as nginx's `lingering_close` does, but briefly: the server ends its side
+  (FIN after the response) and discards what still arrives, without parsing or keeping it,
+  until the declared body is in or `LINGER_SECONDS` have passed, then closes.
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ logger = logging.getLogger(__name__)
 
 LINGER_SECONDS = 2.0
 """How long a connection answered before its body arrived keeps discarding incoming bytes."""
-LINGER_BYTES = 1024 * 1024
-"""How many such bytes it discards at most before closing at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +86,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     _header_bytes = 0
     _reading_headers = True
     _received_any = False
-    _lingering = -1  # bytes still to discard after an early answer; -1: not lingering
+    _lingering = False  # answered early: discarding what arrives until the close
+    _body_left: int | None = None  # declared body bytes not arrived yet (None: unknown)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -98,10 +98,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering >= 0:
-            self._lingering -= len(data)
-            if self._lingering < 0:
-                self.transport.close()
+        if self._lingering:
+            if self._body_left is not None:
+                self._body_left -= len(data)
+                if self._body_left <= 0:
+                    self.transport.close()
             return
         self._received_any = True
         super().data_received(data)
@@ -136,9 +137,16 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._reading_headers = False
         self._disarm()
+        declared = next((v for n, v in self.headers if n == b"content-length"), None)
+        self._body_left = int(declared) if declared is not None and declared.isdigit() else None
         super().on_headers_complete()
         # Armed now, disarmed by on_message_complete (at once for a bodiless request).
         self._arm(self.limits.body_timeout, self._body_too_slow)
+
+    def on_body(self, body: bytes) -> None:
+        if self._body_left is not None:
+            self._body_left -= len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._disarm()
@@ -149,7 +157,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not None and cycle.more_body and not self.transport.is_closing():
             # Answered before its body arrived: end the connection, lingering briefly so
             # the answer is read before the close resets the connection.
-            self._lingering = LINGER_BYTES
+            self._lingering = True
             self._arm(LINGER_SECONDS, self.transport.close)
             if self.transport.can_write_eof():
                 self.transport.write_eof()
