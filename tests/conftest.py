@@ -154,3 +154,46 @@ async def serving(app: Any, limits: ServerLimits | None = None) -> AsyncIterator
         finally:
             server.should_exit = True
             await task
+
+
+INTERNAL_TOKEN = "internal-token-0123456789"
+"""The queue service's token in `guarded_services`."""
+
+
+@contextlib.asynccontextmanager
+async def guarded_services(
+    database_url: str,
+    redis_url: str,
+    keys: str,
+    *,
+    producer_token: str = INTERNAL_TOKEN,
+    limits: ServerLimits | None = None,
+    store_url: str | None = None,
+    **producer_settings: Any,
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    """A queue service requiring `INTERNAL_TOKEN` and a producer with the API `keys` in front
+    of it (sending `producer_token`, within `limits`, counting rate limits in `store_url`
+    (default `redis_url`), with `producer_settings`), both served over real HTTP; yields
+    (producer, queue) clients."""
+    from pydantic import SecretStr
+
+    from services.producer.app import create_app as create_producer
+    from services.producer.settings import ProducerSettings
+    from services.queue.app import create_app as create_queue
+    from services.queue.settings import QueueSettings
+
+    queue_settings = QueueSettings(
+        database_url=database_url,
+        redis_url=redis_url,
+        queue_internal_token=SecretStr(INTERNAL_TOKEN),
+    )
+    async with serving(create_queue(queue_settings)) as queue:
+        settings = ProducerSettings(
+            queue_service_url=str(queue.base_url),
+            queue_internal_token=SecretStr(producer_token),
+            jobq_api_keys=SecretStr(keys),
+            redis_url=redis_url if store_url is None else store_url,
+            **producer_settings,
+        )
+        async with serving(create_producer(settings), limits) as producer:
+            yield producer, queue

@@ -7,33 +7,23 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from pydantic import SecretStr
 
 from common.access import Caller, Role, parse_api_keys
-from services.producer.app import create_app as create_producer
-from services.producer.settings import ProducerSettings
-from services.queue.app import create_app as create_queue
-from services.queue.settings import QueueSettings
-from tests.conftest import serving
+from tests.conftest import INTERNAL_TOKEN, guarded_services
 
-ADMIN, SUBMIT, TOKEN = "admin-key-0123456789", "submit-key-0123456789", "internal-0123456789abc"
+ADMIN, SUBMIT = "admin-key-0123456789", "submit-key-0123456789"
+TOKEN = INTERNAL_TOKEN
 
 
 @pytest.fixture
 async def services(
     clean_database: str, redis_url: str
 ) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
-    queue_settings = QueueSettings(
-        database_url=clean_database, redis_url=redis_url, queue_internal_token=SecretStr(TOKEN)
-    )
-    async with serving(create_queue(queue_settings)) as queue:
-        producer_settings = ProducerSettings(
-            queue_service_url=str(queue.base_url),
-            queue_internal_token=SecretStr(TOKEN),
-            jobq_api_keys=SecretStr(f"admin:{ADMIN},submit:{SUBMIT}"),
-        )
-        async with serving(create_producer(producer_settings)) as producer:
-            yield producer, queue
+    async with guarded_services(clean_database, redis_url, f"admin:{ADMIN},submit:{SUBMIT}") as (
+        producer,
+        queue,
+    ):
+        yield producer, queue
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -115,27 +105,20 @@ def test_api_key_specs() -> None:
 async def test_a_wrong_internal_token_is_the_producers_problem_not_the_callers(
     clean_database: str, redis_url: str
 ) -> None:
-    queue_settings = QueueSettings(
-        database_url=clean_database, redis_url=redis_url, queue_internal_token=SecretStr(TOKEN)
-    )
-    async with serving(create_queue(queue_settings)) as queue:
-        producer_settings = ProducerSettings(
-            queue_service_url=str(queue.base_url),
-            queue_internal_token=SecretStr("not-the-token-0123456789"),
-            jobq_api_keys=SecretStr(f"admin:{ADMIN}"),
+    async with guarded_services(
+        clean_database, redis_url, f"admin:{ADMIN}", producer_token="not-the-token-0123456789"
+    ) as (producer, queue):
+        submit = await producer.post(
+            "/jobs", json={"taskType": "noop", "payload": {}}, headers=bearer(ADMIN)
         )
-        async with serving(create_producer(producer_settings)) as producer:
-            submit = await producer.post(
-                "/jobs", json={"taskType": "noop", "payload": {}}, headers=bearer(ADMIN)
-            )
-            read = await producer.get(
-                "/jobs/00000000-0000-0000-0000-000000000000", headers=bearer(ADMIN)
-            )
-            ready = await producer.get("/health/ready")
-            # The queue service's probes need no token, but refuse a wrong one.
-            assert (await queue.get("/health/live")).status_code == 200
-            wrong = await queue.get("/health/live", headers=bearer("not-the-token-0123456789"))
-            assert wrong.status_code == 401
+        read = await producer.get(
+            "/jobs/00000000-0000-0000-0000-000000000000", headers=bearer(ADMIN)
+        )
+        ready = await producer.get("/health/ready")
+        # The queue service's probes need no token, but refuse a wrong one.
+        assert (await queue.get("/health/live")).status_code == 200
+        wrong = await queue.get("/health/live", headers=bearer("not-the-token-0123456789"))
+        assert wrong.status_code == 401
     for reply in (submit, read):
         assert reply.status_code == 503
         assert reply.json()["type"] == "urn:jobq:problem:upstream-misconfigured"

@@ -4,24 +4,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from pydantic import SecretStr
 
 from common.serving import ServerLimits
-from services.producer.app import create_app as create_producer
-from services.producer.settings import ProducerSettings
-from services.queue.app import create_app as create_queue
-from services.queue.settings import QueueSettings
-from tests.conftest import serving
+from tests.conftest import guarded_services
 from tests.helpers import eventually, trickle_until_closed
 
 KEY = "submit:acme:acme-submit-key-0123456789"
 BEARER = {"Authorization": "Bearer acme-submit-key-0123456789"}
-TOKEN = "internal-token-0123456789"
 
 TIGHT = ServerLimits(
     max_connections=8, header_timeout=1.0, body_timeout=1.0, max_header_bytes=8 * 1024
@@ -29,26 +22,9 @@ TIGHT = ServerLimits(
 """Short deadlines, so a slow client is cut off within the tests' patience."""
 
 
-@contextlib.asynccontextmanager
-async def producer_stack(
-    database_url: str, redis_url: str, limits: ServerLimits | None = None
-) -> AsyncIterator[httpx.AsyncClient]:
-    queue_settings = QueueSettings(
-        database_url=database_url, redis_url=redis_url, queue_internal_token=SecretStr(TOKEN)
-    )
-    async with serving(create_queue(queue_settings)) as queue:
-        settings = ProducerSettings(
-            queue_service_url=str(queue.base_url),
-            queue_internal_token=SecretStr(TOKEN),
-            jobq_api_keys=SecretStr(KEY),
-        )
-        async with serving(create_producer(settings), limits) as producer:
-            yield producer
-
-
 @pytest.fixture
 async def producer(clean_database: str, redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with producer_stack(clean_database, redis_url, TIGHT) as client:
+    async with guarded_services(clean_database, redis_url, KEY, limits=TIGHT) as (client, _):
         yield client
 
 

@@ -11,34 +11,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-from pydantic import SecretStr
 
-from services.producer.app import create_app as create_producer
-from services.producer.settings import ProducerSettings
-from services.queue.app import create_app as create_queue
-from services.queue.settings import QueueSettings
-from tests.conftest import serving
-
-TOKEN = "internal-token-0123456789"
+from tests.conftest import guarded_services
 
 
 @contextlib.asynccontextmanager
 async def producer_with(
     database_url: str, redis_url: str, keys: str, **settings: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
-    queue_settings = QueueSettings(
-        database_url=database_url, redis_url=redis_url, queue_internal_token=SecretStr(TOKEN)
-    )
-    async with serving(create_queue(queue_settings)) as queue:
-        producer_settings = ProducerSettings(
-            queue_service_url=str(queue.base_url),
-            queue_internal_token=SecretStr(TOKEN),
-            jobq_api_keys=SecretStr(keys),
-            redis_url=redis_url,
-            **settings,
-        )
-        async with serving(create_producer(producer_settings)) as producer:
-            yield producer
+    async with guarded_services(database_url, redis_url, keys, **settings) as (producer, _):
+        yield producer
 
 
 def email(**payload: Any) -> dict[str, Any]:

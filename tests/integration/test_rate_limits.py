@@ -11,35 +11,19 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from pydantic import SecretStr
 
 from infra.stack import free_port
-from services.producer.app import create_app as create_producer
-from services.producer.settings import ProducerSettings
-from services.queue.app import create_app as create_queue
-from services.queue.settings import QueueSettings
-from tests.conftest import serving
-
-TOKEN = "internal-token-0123456789"
+from tests.conftest import guarded_services
 
 
 @contextlib.asynccontextmanager
 async def limited_producer(
     database_url: str, redis_url: str, store_url: str, keys: str
 ) -> AsyncIterator[httpx.AsyncClient]:
-    queue_settings = QueueSettings(
-        database_url=database_url, redis_url=redis_url, queue_internal_token=SecretStr(TOKEN)
-    )
-    async with serving(create_queue(queue_settings)) as queue:
-        settings = ProducerSettings(
-            queue_service_url=str(queue.base_url),
-            queue_internal_token=SecretStr(TOKEN),
-            jobq_api_keys=SecretStr(keys),
-            producer_rate_limit="3/minute",  # type: ignore[arg-type]
-            redis_url=store_url,
-        )
-        async with serving(create_producer(settings)) as producer:
-            yield producer
+    async with guarded_services(
+        database_url, redis_url, keys, producer_rate_limit="3/minute", store_url=store_url
+    ) as (producer, _):
+        yield producer
 
 
 def tenants() -> tuple[str, str, str]:

@@ -10,13 +10,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from pydantic import SecretStr
 
-from services.producer.app import create_app as create_producer
-from services.producer.settings import ProducerSettings
-from services.queue.app import create_app as create_queue
-from services.queue.settings import QueueSettings
-from tests.conftest import serving
+from tests.conftest import INTERNAL_TOKEN, guarded_services
 
 ACME = "acme-submit-key-0123456789"
 ACME_ADMIN = "acme-admin-key-0123456789"
@@ -24,7 +19,6 @@ GLOBEX = "globex-submit-key-0123456789"
 GLOBEX_ADMIN = "globex-admin-key-0123456789"
 ROOT = "global-admin-key-0123456789"
 LEGACY = "legacy-submit-key-0123456789"
-TOKEN = "internal-0123456789abcdef"
 KEYS = (
     f"submit:acme:{ACME},admin:acme:{ACME_ADMIN},submit:globex:{GLOBEX},"
     f"admin:globex:{GLOBEX_ADMIN},admin:*:{ROOT},submit:{LEGACY}"
@@ -48,18 +42,9 @@ def bearer(key: str) -> dict[str, str]:
 async def stack(
     clean_database: str, redis_url: str
 ) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
-    queue_settings = QueueSettings(
-        database_url=clean_database, redis_url=redis_url, queue_internal_token=SecretStr(TOKEN)
-    )
-    async with serving(create_queue(queue_settings)) as queue:
-        producer_settings = ProducerSettings(
-            queue_service_url=str(queue.base_url),
-            queue_internal_token=SecretStr(TOKEN),
-            jobq_api_keys=SecretStr(KEYS),
-        )
-        async with serving(create_producer(producer_settings)) as producer:
-            queue.headers.update(bearer(TOKEN))
-            yield producer, queue
+    async with guarded_services(clean_database, redis_url, KEYS) as (producer, queue):
+        queue.headers.update(bearer(INTERNAL_TOKEN))
+        yield producer, queue
 
 
 def without_ids(problem: dict[str, object]) -> dict[str, object]:
