@@ -6,6 +6,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# `make k6` settings (see README "Load test with k6").
+SCRIPT ?= submit
+RATE ?= 50
+DURATION ?= 30s
+WORKERS ?= 2
+BASE_URL ?=
 
 # What `make run` exports to every process it starts (see README "Configuration").
 RUN_ENV := LOG_FORMAT=text SMTP_HOST=127.0.0.1 SMTP_PORT=2525 \
@@ -13,7 +19,7 @@ RUN_ENV := LOG_FORMAT=text SMTP_HOST=127.0.0.1 SMTP_PORT=2525 \
 
 .PHONY: help
 help: ## List every target
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-20s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml requirements-dev.lock
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -84,9 +90,33 @@ boundaries: install ## import-linter: services independent, only the queue touch
 	$(BIN)/lint-imports
 
 .PHONY: infra-check
-infra-check: install ## Validate infra/compose.yml (compose specification) and lint infra/Dockerfile
+infra-check: install tools ## compose schema (offline), hadolint, promtool on the Prometheus config and rules
 	$(BIN)/check-jsonschema --builtin-schema vendor.compose-spec infra/compose.yml
 	$(BIN)/hadolint infra/Dockerfile
+	@promtool="$$($(BIN)/python -m infra.tools | sed -n 's/^promtool=//p')" && \
+		"$$promtool" check config infra/prometheus/prometheus.yml && \
+		"$$promtool" test rules infra/prometheus/tests/*.yml
+
+.PHONY: tools
+tools: install ## Fetch prometheus, promtool, postgres_exporter (Debian packages) into .jobq/tools if missing
+	@$(BIN)/python -m infra.tools >/dev/null
+
+.PHONY: dashboards
+dashboards: install ## Regenerate infra/grafana/dashboards/*.json from infra/grafana/dashboard.py
+	$(BIN)/python -m infra.grafana.dashboard
+
+.PHONY: prometheus-config
+prometheus-config: install ## Regenerate infra/prometheus/prometheus.yml from infra/prometheus_config.py
+	$(BIN)/python -m infra.prometheus_config
+
+.PHONY: k6
+k6: install ## k6 load run on a fresh local stack: [SCRIPT=submit|mixed|burst] [RATE=50] [DURATION=30s] [BASE_URL=…]
+	$(BIN)/python -m benchmark.load --script $(SCRIPT) --rate $(RATE) --duration $(DURATION) \
+		--workers $(WORKERS) $(if $(BASE_URL),--base-url $(BASE_URL))
+
+.PHONY: dashboard-snapshot
+dashboard-snapshot: install tools ## k6 + Prometheus on a fresh stack; draw the dashboard into docs/dashboard.png
+	$(BIN)/python -m benchmark.dashboard_snapshot
 
 .PHONY: check
 check: lint typecheck boundaries infra-check ## lint + typecheck + boundaries + infra-check

@@ -32,6 +32,7 @@ import httpx
 from benchmark.plot import latency_histogram
 from infra.servers import ensure_database, ensure_postgres, ensure_redis
 from infra.stack import ROOT, LocalStack
+from services.worker.settings import DEFAULT_CONCURRENCY
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -50,7 +51,7 @@ def _summary(values_ms: list[float]) -> dict[str, float]:
     }
 
 
-async def _fresh_database(base: str, name: str) -> str:
+async def fresh_database(base: str, name: str) -> str:
     admin = await asyncpg.connect(f"{base}/postgres")
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -71,7 +72,7 @@ async def _fresh_database(base: str, name: str) -> str:
 async def run(jobs: int, rate: float, workers: int) -> dict[str, Any]:
     """Run the measurement; returns the result document (also written to benchmark/results)."""
     base = ensure_postgres()
-    database_url = await _fresh_database(base, "jobq_bench")
+    database_url = await fresh_database(base, "jobq_bench")
     stack = LocalStack(
         database_url,
         ensure_redis() + "/14",
@@ -112,7 +113,7 @@ async def run(jobs: int, rate: float, workers: int) -> dict[str, Any]:
             "jobs": jobs,
             "rate_per_second": rate,
             "workers": workers,
-            "worker_concurrency": 4,
+            "worker_concurrency": DEFAULT_CONCURRENCY,
             "task_type": "noop",
         },
         "machine": {

@@ -15,6 +15,7 @@ item returned, so an acknowledgement never precedes the commit it reports.
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
@@ -25,6 +26,18 @@ R = TypeVar("R")
 Flush = Callable[[list[T]], Awaitable[Sequence[R | BaseException]]]
 """Takes a batch of items, returns one result per item, in order; a result may be an
 exception meant for that item's caller alone. Raising fails the whole batch."""
+
+
+def _own_copy(exc: Exception) -> Exception:
+    """A copy of `exc` for one caller to raise: one instance raised by hundreds of callers
+    would collect every one's frames in a single traceback. `exc` itself when it cannot be
+    copied."""
+    try:
+        own = copy.copy(exc)
+    except Exception:
+        return exc
+    own.__cause__ = exc.__cause__
+    return own
 
 
 class Coalescer(Generic[T, R]):
@@ -105,7 +118,7 @@ class Coalescer(Generic[T, R]):
         except Exception as exc:
             for _, future in batch:
                 if not future.done():
-                    future.set_exception(exc)
+                    future.set_exception(_own_copy(exc))
             return
         for (_, future), result in zip(batch, results, strict=True):
             if future.done():

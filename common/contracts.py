@@ -22,6 +22,8 @@ from msgspec import Meta
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}(?!\n)$"
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
 MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 100
+DEFAULT_MAX_ATTEMPTS = 5
+"""`maxAttempts` of a job that does not say (`QUEUE_MAX_ATTEMPTS` changes it per deployment)."""
 MAX_DELAY_SECONDS = 14 * 24 * 3600
 TIMEOUT_SECONDS_MIN, TIMEOUT_SECONDS_MAX = 1, 43_200
 VISIBILITY_TIMEOUT_MAX = 43_200
@@ -219,14 +221,38 @@ class JobList(_Wire):
 # --- worker protocol -------------------------------------------------------------------------
 
 
+class AckEntry(_Wire):
+    """One ack of a batch: the job, its receipt handle and an optional result."""
+
+    id: uuid.UUID
+    receipt_handle: uuid.UUID
+    result: Any = None
+
+
+class AckResult(_Wire):
+    """One batch-ack outcome: 200 completed (or a replay), 404 unknown job, 409 stale handle
+    (the lease was lost: the job was handed out again or settled by another claim)."""
+
+    id: uuid.UUID
+    status: int
+
+
 class ClaimRequest(_Wire):
-    """`POST /jobs/next`: claim up to `max` jobs, long-polling up to `wait_seconds`."""
+    """`POST /jobs/next`: claim up to `max` jobs, long-polling up to `wait_seconds`.
+
+    `acks` completes jobs the worker finished since its last claim, in the same statement as
+    the claim (Oban Pro's "bundled acks": one round trip instead of two). The acks are
+    committed before the claim waits for work; their outcomes come with the reply.
+    """
 
     worker: WorkerName
     queues: Annotated[list[Name], Meta(min_length=1, max_length=50)]
     max: Annotated[int, Meta(ge=1, le=CLAIM_MAX)] = 1
     wait_seconds: Annotated[float, Meta(ge=0, le=WAIT_SECONDS_MAX)] = 0
     visibility_timeout: ClaimVisibilityTimeout | None = None
+    acks: Annotated[list[AckEntry], Meta(max_length=CLAIM_MAX)] = msgspec.field(
+        default_factory=list
+    )
 
 
 class JobMessage(_Wire):
@@ -244,10 +270,12 @@ class JobMessage(_Wire):
     idempotency_key: str | None
 
 
-class ClaimResponse(_Wire):
-    """`200` reply to a claim: at least one job."""
+class ClaimResponse(_Wire, omit_defaults=True):
+    """`200` reply to a claim: the jobs claimed (at least one, unless the claim carried
+    acks), and one outcome per ack it carried, in order."""
 
     jobs: list[JobMessage]
+    acks: list[AckResult] = msgspec.field(default_factory=list)
 
 
 class AckRequest(_Wire):
@@ -257,26 +285,10 @@ class AckRequest(_Wire):
     result: Any = None
 
 
-class AckEntry(_Wire):
-    """One ack of a batch: the job, its receipt handle and an optional result."""
-
-    id: uuid.UUID
-    receipt_handle: uuid.UUID
-    result: Any = None
-
-
 class BatchAckRequest(_Wire):
     """`POST /jobs/ack`: complete up to 100 jobs in one statement (distinct ids)."""
 
     entries: Annotated[list[AckEntry], Meta(min_length=1, max_length=CLAIM_MAX)]
-
-
-class AckResult(_Wire):
-    """One batch-ack outcome: 200 completed (or a replay), 404 unknown job, 409 stale handle
-    (the lease was lost: the job was handed out again or settled by another claim)."""
-
-    id: uuid.UUID
-    status: int
 
 
 class BatchAckResponse(_Wire):

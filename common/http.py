@@ -15,7 +15,9 @@ again within that deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -23,11 +25,14 @@ import aiohttp
 import msgspec
 
 from common.errors import JobqError, ServiceUnavailable, from_problem
+from common.pools import PoolMetrics
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 _JSON = {"Content-Type": "application/json"}
+QUEUE_SERVICE_CONNECTIONS = 100
+"""Connections a producer or a worker opens to the queue service at most."""
 _CONNECT_TIMEOUT = 3.0
 """Seconds one TCP connection attempt may take."""
 _RETRY_PAUSE = 0.1
@@ -59,9 +64,14 @@ class ServiceClient:
         token: str | None = None,
         timeout: float = 10.0,
         connect_retries: int = 2,
-        max_connections: int = 100,
+        max_connections: int = QUEUE_SERVICE_CONNECTIONS,
+        metrics: PoolMetrics | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._metrics = metrics
+        # Calls take a slot before a connection, so waiting for the pool is visible (metrics)
+        # and counted in the call's deadline.
+        self._slots = asyncio.Semaphore(max_connections)
         self._timeout = timeout
         self._connect_retries = connect_retries
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -114,7 +124,10 @@ class ServiceClient:
         url = self.base_url + path
         attempt = 0
         try:
-            async with asyncio.timeout(self._timeout if deadline is None else deadline):
+            async with (
+                asyncio.timeout(self._timeout if deadline is None else deadline),
+                self._slot(),
+            ):
                 while True:
                     try:
                         async with session.request(
@@ -151,6 +164,18 @@ class ServiceClient:
         except msgspec.DecodeError:
             problem = None
         raise from_problem(problem, status)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        if self._metrics is None:
+            async with self._slots:
+                yield
+            return
+        async with self._metrics.holding(self._slots.acquire):
+            try:
+                yield
+            finally:
+                self._slots.release()
 
     async def live(self, deadline: float = 2.0) -> bool:
         """True when the service answers `GET /health/live` within `deadline` seconds."""

@@ -22,7 +22,6 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, Schema, SecurityScheme
-from litestar.plugins.prometheus import PrometheusConfig
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -238,17 +237,6 @@ def openapi_config(title: str, credential: str) -> OpenAPIConfig:
     )
 
 
-def prometheus_config(app_name: str) -> PrometheusConfig:
-    """HTTP request metrics (`jobq_http_*`), grouped by route template so ids never become
-    label values; health and metrics endpoints are not counted."""
-    return PrometheusConfig(
-        app_name=app_name,
-        prefix="jobq_http",
-        group_path=True,
-        exclude=["/metrics", "/health"],
-    )
-
-
 def metrics_route(registry: CollectorRegistry) -> HTTPRouteHandler:
     """`GET /metrics`: the process-wide registry (HTTP and process metrics) plus the app's own."""
 
@@ -327,8 +315,6 @@ _PROBLEM_DESCRIPTIONS = {
 }
 ALWAYS = (400, 401, 422, 503)
 """Problems any route may answer."""
-WITH_BODY = (413, 415)
-"""Problems any route with a request body may also answer."""
 
 
 def problems(*statuses: int) -> dict[int, ResponseSpec]:

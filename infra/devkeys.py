@@ -1,8 +1,8 @@
 """Development credentials for `make run`: made once, kept in `.jobq/dev.env` (git-ignored).
 
 `python -m infra.devkeys` prints shell lines exporting `JOBQ_API_KEYS` (an admin of every
-tenant, `admin:*:<key>`, and a submit key of the tenant `default`), `QUEUE_INTERNAL_TOKEN`, and
-`JOBQ_KEY` (the admin key, for curl).
+tenant, `admin:*:<key>`, and a submit key of the tenant `default`), `QUEUE_INTERNAL_TOKEN`,
+`JOBQ_KEY` (the admin key, for curl) and `GRAFANA_ADMIN_PASSWORD` (for infra/compose.yml).
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ def load_or_create(path: Path = ENV_FILE) -> dict[str, str]:
         pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
         values = {key: shlex.split(value)[0] for key, value in pairs}
         if {"JOBQ_API_KEYS", "QUEUE_INTERNAL_TOKEN", "JOBQ_KEY"} <= values.keys():
+            if "GRAFANA_ADMIN_PASSWORD" not in values:
+                # Files made before Grafana joined compose: keep their keys, add the password.
+                values["GRAFANA_ADMIN_PASSWORD"] = secrets.token_urlsafe(18)
+                _write(path, values)
             return values
     admin, submit = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     values = {
@@ -28,11 +32,16 @@ def load_or_create(path: Path = ENV_FILE) -> dict[str, str]:
         "QUEUE_INTERNAL_TOKEN": secrets.token_urlsafe(24),
         "JOBQ_KEY": admin,
         "JOBQ_SUBMIT_KEY": submit,
+        "GRAFANA_ADMIN_PASSWORD": secrets.token_urlsafe(18),
     }
+    _write(path, values)
+    return values
+
+
+def _write(path: Path, values: dict[str, str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items()))
     path.chmod(0o600)
-    return values
 
 
 def main() -> None:

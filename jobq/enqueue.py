@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, Unpack
 
-from common.contracts import NAME_PATTERN, JobStatus, SubmitJobResponse
+from common.contracts import DEFAULT_MAX_ATTEMPTS, NAME_PATTERN, JobStatus, SubmitJobResponse
 from common.enqueue import (
     ENQUEUE_ASYNCPG,
     ENQUEUE_NAMED,
@@ -28,9 +28,6 @@ from common.enqueue import (
 from common.errors import IdempotencyConflict, InvalidInput, JobqError
 from common.ids import new_job_id
 from jobq.request import SubmitOptions, build_request
-
-DEFAULT_MAX_ATTEMPTS = 5
-"""Used when `max_attempts` is omitted (the queue service's `QUEUE_MAX_ATTEMPTS` default)."""
 
 
 async def enqueue(

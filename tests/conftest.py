@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -22,6 +26,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from common.serving import ServerLimits, server_config
+from infra import servers
 from infra.servers import ServerUnavailable, ensure_postgres, ensure_redis
 from infra.stack import ROOT, free_port
 from services.queue.repository import JobRepository, create_pool
@@ -128,6 +133,49 @@ async def repository(clean_database: str) -> AsyncIterator[JobRepository]:
 def fresh_database_name(postgres_base: str) -> Iterator[str]:
     """A name for an empty database a test creates and drops itself."""
     yield f"jobq_scratch_{os.getpid()}"
+
+
+@pytest.fixture
+def private_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A state directory for `infra.servers` throwaway servers, with a cluster name and port of
+    this test's own (`ensure_postgres(private_cluster)` creates it); dropped afterwards. For
+    tests that stop or restart PostgreSQL, which must never touch the machine's server."""
+    monkeypatch.setattr(servers, "DEFAULT_PG_PORT", free_port())
+    monkeypatch.setattr(servers, "CLUSTER_NAME", f"jobq-test-{os.getpid()}")
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    state = Path(tempfile.mkdtemp(prefix="jobq-servers-test-", dir="/var/tmp"))
+    try:
+        yield state
+    finally:
+        env = {**os.environ, "PG_CLUSTER_CONF_ROOT": str(state / "clusters")}
+        listed = subprocess.run(
+            ["pg_lsclusters", "--json"], env=env, capture_output=True, text=True, check=True
+        )
+        for cluster in json.loads(listed.stdout or "[]"):
+            subprocess.run(
+                ["pg_dropcluster", "--stop", str(cluster["version"]), cluster["cluster"]],
+                env=env, check=True, capture_output=True,
+            )  # fmt: skip
+        shutil.rmtree(state)
+
+
+def pg_ctlcluster(state: Path, *args: str, wait: bool = True) -> subprocess.Popen[bytes]:
+    """Run `pg_ctlcluster <version> <private cluster> <args…>` on the cluster of
+    `private_cluster`'s state directory; waits for it unless `wait` is false."""
+    env = {**os.environ, "PG_CLUSTER_CONF_ROOT": str(state / "clusters")}
+    listed = subprocess.run(
+        ["pg_lsclusters", "--json"], env=env, capture_output=True, text=True, check=True
+    )
+    [cluster] = json.loads(listed.stdout)
+    process = subprocess.Popen(
+        ["pg_ctlcluster", str(cluster["version"]), cluster["cluster"], *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    if wait:
+        process.wait(60)
+    return process
 
 
 @contextlib.asynccontextmanager

@@ -14,13 +14,14 @@ from prometheus_client import CollectorRegistry
 from common import contracts
 from common.access import Caller, caller_of, role_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
-from common.http import ServiceClient
+from common.http import QUEUE_SERVICE_CONNECTIONS, ServiceClient
+from common.http_metrics import HttpMetrics
+from common.pools import PoolMetrics
 from common.web import (
     exception_handlers,
     live,
     metrics_route,
     openapi_config,
-    prometheus_config,
     refine_struct_schemas,
     require_json_body,
 )
@@ -46,10 +47,11 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
     """Build the producer; its pooled HTTP client to the queue service lives in the lifespan."""
     settings = settings or ProducerSettings()
     registry = CollectorRegistry(auto_describe=True)
+    pool_metrics = PoolMetrics(registry, "queue-service", QUEUE_SERVICE_CONNECTIONS)
     metrics = ProducerMetrics(registry)
     keys = settings.api_keys()
     store, redis_client = create_store(settings.redis_url)
-    middleware: list[Any] = [prometheus_config("producer").middleware]
+    middleware: list[Any] = [HttpMetrics("producer", registry).middleware]
     if settings.producer_rate_limit is not None:
         middleware.append(request_rate_limit(settings.producer_rate_limit, keys, metrics))
 
@@ -60,6 +62,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
             settings.queue_service_url,
             token=token.get_secret_value() if token else None,
             timeout=settings.producer_forward_timeout,
+            metrics=pool_metrics,
         ) as http:
             client = QueueServiceClient(http, settings.producer_forward_timeout)
             app.state.queue = client

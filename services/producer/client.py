@@ -7,8 +7,8 @@ after that insert committed (`common.coalesce`; docs/architecture.md#batching).
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +52,8 @@ _ENTRY_OVERHEAD_BYTES = 512
 class _Forward:
     request: EnqueueRequest
     payload_bytes: int
+    deadline: float
+    """Monotonic time by which its caller must have an answer."""
 
 
 class QueueServiceClient:
@@ -124,13 +126,10 @@ class QueueServiceClient:
 
         Raises what the queue service answered for this entry (IdempotencyConflict, …), and
         ServiceUnavailable when no answer came within the forward timeout (waiting for a
-        place in a forward included).
+        place in a forward included: each forward's deadline is its oldest entry's).
         """
-        try:
-            async with asyncio.timeout(self._timeout):
-                result = await self._submits.submit(_Forward(request, payload_bytes))
-        except TimeoutError:
-            raise ServiceUnavailable("the queue service did not answer in time; retry") from None
+        forward = _Forward(request, payload_bytes, time.monotonic() + self._timeout)
+        result = await self._submits.submit(forward)
         if result.job_id is None or result.job_status is None:
             raise from_problem(result.error, result.status)
         return SubmitJobResponse(job_id=result.job_id, status=result.job_status), (
@@ -138,7 +137,10 @@ class QueueServiceClient:
         )
 
     async def _forward_batch(self, forwards: list[_Forward]) -> list[BatchEntryResult]:
-        reply = await self._post_batch([forward.request for forward in forwards], self._timeout)
+        remaining = min(forward.deadline for forward in forwards) - time.monotonic()
+        if remaining <= 0:
+            raise ServiceUnavailable("the queue service did not answer in time; retry")
+        reply = await self._post_batch([forward.request for forward in forwards], remaining)
         by_index = {result.index: result for result in reply.results}
         missing = BatchEntryResult(
             index=-1, status=502, error=JobqError("no result for this entry").to_problem()

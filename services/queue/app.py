@@ -20,12 +20,13 @@ from prometheus_client import CollectorRegistry
 from common import contracts
 from common.access import token_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
+from common.http_metrics import HttpMetrics
+from common.pools import PoolMetrics
 from common.web import (
     exception_handlers,
     live,
     metrics_route,
     openapi_config,
-    prometheus_config,
     refine_struct_schemas,
     require_json_body,
 )
@@ -83,7 +84,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
     settings = settings or QueueSettings()
     token = settings.queue_internal_token
     registry = CollectorRegistry(auto_describe=True)
-    metrics = QueueMetrics(registry)
+    metrics = QueueMetrics(registry, depth_cache=bool(settings.redis_url))
     # Created here rather than in the lifespan so the server can signal them the moment a
     # shutdown begins, before it waits for in-flight requests: waiting claims then end at once.
     shutdown = asyncio.Event()
@@ -105,7 +106,9 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             else None
         )
         shutdown.clear()
-        repository = JobRepository(pool)
+        repository = JobRepository(
+            pool, metrics=PoolMetrics(registry, "database", settings.queue_db_pool_size)
+        )
         depth_cache = DepthCache(redis_client, ttl=settings.queue_depth_interval * 3)
         service = QueueService(repository, hub, settings, metrics, shutdown)
         reaper, scheduler = Reaper(repository, metrics), Scheduler(repository)
@@ -178,7 +181,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         exception_handlers=exception_handlers(),
         before_request=require_json_body,
         guards=[token_guard(token.get_secret_value() if token else None)],
-        middleware=[prometheus_config("queue").middleware],
+        middleware=[HttpMetrics("queue", registry).middleware],
         openapi_config=openapi_config(
             "jobq queue service",
             "QUEUE_INTERNAL_TOKEN; not needed when it is unset.",

@@ -116,8 +116,11 @@ async def refresh_depth(
     repository: JobRepository, cache: DepthCache, metrics: QueueMetrics
 ) -> None:
     """Read depth from PostgreSQL, publish it as gauges and cache it in Redis; then read the
-    database's health (one cheap statement) and publish it too."""
+    database's health (one cheap statement) and publish it too. The freshness gauges record
+    when the depth read and the cache write last succeeded (the staleness alerts read them)."""
     rows = await repository.depth()
     metrics.observe_depth(rows)
-    await cache.store(rows)
+    metrics.depth_refreshed.set_to_current_time()
+    if await cache.store(rows) and metrics.depth_cache_written is not None:
+        metrics.depth_cache_written.set_to_current_time()
     metrics.observe_health(await repository.health())

@@ -58,16 +58,19 @@ class DepthCache:
         self._client = client
         self._ttl_ms = max(1, int(ttl * 1000))
 
-    async def store(self, rows: list[DepthRow]) -> None:
-        """Cache a snapshot; a Redis failure is logged and otherwise ignored."""
+    async def store(self, rows: list[DepthRow]) -> bool:
+        """Cache a snapshot; True when Redis took it. A Redis failure is logged and otherwise
+        ignored (False), as is a cache that is switched off."""
         if self._client is None:
-            return
+            return False
         now = datetime.now(UTC)
         snapshot = _Snapshot(now, summarise(rows, "redis", now))
         try:
             await self._client.set(DEPTH_KEY, msgspec.json.encode(snapshot), px=self._ttl_ms)
         except (RedisError, OSError) as exc:
             logger.warning("redis unavailable: %s", exc, extra={"event": "redis_unavailable"})
+            return False
+        return True
 
     async def load(self) -> QueuesResponse | None:
         """The cached snapshot, or None when absent, expired, unreadable or Redis is down."""

@@ -18,7 +18,11 @@ _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100)
 class QueueMetrics:
     """Every queue-service metric; one instance per app, registered on `registry`."""
 
-    def __init__(self, registry: CollectorRegistry, label_limit: int = 100) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, label_limit: int = 100, depth_cache: bool = True
+    ) -> None:
+        """`depth_cache` says whether a Redis depth cache is configured; without one the
+        cache-write gauge is not exported, so its staleness alert cannot fire."""
         self.registry = registry
         self.queue_label = BoundedLabel(label_limit)
         self.task_label = BoundedLabel(label_limit)
@@ -113,6 +117,18 @@ class QueueMetrics:
             ["table"],
             registry=registry,
         )
+        self.depth_refreshed = Gauge(
+            "jobq_depth_refresh_timestamp_seconds",
+            "Unix time of the last depth read from PostgreSQL (the jobq_jobs gauges).",
+            registry=registry,
+        )
+        self.depth_cache_written: Gauge | None = None
+        if depth_cache:
+            self.depth_cache_written = Gauge(
+                "jobq_depth_cache_write_timestamp_seconds",
+                "Unix time of the last depth snapshot written to the Redis cache.",
+                registry=registry,
+            )
 
     def count_enqueued(self, queue: str, task_type: str, tenant: str, count: int = 1) -> None:
         """Count `count` jobs created in `queue` of `task_type`, owned by `tenant`."""

@@ -26,6 +26,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from common.contracts import JobStatus
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -33,7 +35,7 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-STATUSES = ("SCHEDULED", "PENDING", "PROCESSING", "COMPLETED", "DEAD_LETTER", "CANCELLED")
+STATUSES = tuple(status.value for status in JobStatus)
 
 # A hot queue table churns: vacuum it after a few percent of rows change rather than 20 %, and
 # leave room on each page for HOT updates (pgqueuer and Oban give the same advice).
@@ -110,7 +112,8 @@ class Job(Base):
         ),
         Index("ix_job_status_id", "status", text("id DESC")),
         Index("ix_job_queue_id", "queue", text("id DESC")),
-        # Idempotency keys are unique per tenant; jobs without a key take no entry.
+        # Idempotency keys are unique per tenant; jobs without one (most) stay out of the
+        # index, so their inserts and state changes do not maintain it.
         Index(
             "uq_job_tenant_idempotency_key",
             "tenant",

@@ -28,7 +28,13 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from common.contracts import ERRORS_HISTORY_MAX, ErrorEntry, JobStatus, JobView
+from common.contracts import (
+    ERRORS_HISTORY_MAX,
+    FINISHED_STATUSES,
+    ErrorEntry,
+    JobStatus,
+    JobView,
+)
 from common.enqueue import (
     ENQUEUE_ASYNCPG,
     FIND_EXISTING_ASYNCPG,
@@ -39,6 +45,8 @@ from common.enqueue import (
     encode_rows,
 )
 from common.errors import ServiceUnavailable
+from common.pools import PoolMetrics
+from services.queue.retry import BACKOFF_CEILING_SQL, Backoff
 
 logger = logging.getLogger(__name__)
 
@@ -108,15 +116,6 @@ class FailEntry:
     retryable: bool
     retry_after: float | None
     jitter: float
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Retry backoff settings in seconds: ceiling = min(max_delay, base * multiplier^(a-1))."""
-
-    base_delay: float
-    multiplier: float
-    max_delay: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,9 +199,13 @@ def _notify_ready(source: str) -> str:
 # however long the backlog, never a sort of every waiting job. Rows locked by another claimer
 # are skipped, not waited for, so claimers never block each other and never share a row.
 # Rows a walk locked but the merge did not pick are unlocked at the end of the statement.
-_CLAIM = f"""
-WITH picked AS (
-    SELECT candidate.id
+# Parameters: $1 queues, $2 max, $3 worker, $4 visibility timeout (seconds).
+_CLAIM_CTES = f"""
+picked AS (
+    SELECT candidate.id,
+           -- Claim order, computed here: the rows come back from the UPDATE in no order.
+           row_number() OVER (
+               ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id) AS rank
     FROM unnest($1::text[]) AS wanted(queue)
     CROSS JOIN LATERAL (
         SELECT id, priority, ready_at FROM job
@@ -213,35 +216,58 @@ WITH picked AS (
     ) AS candidate
     ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id
     LIMIT $2
-)
-UPDATE job SET status = 'PROCESSING',
-               attempts = LEAST(job.attempts, {INT_MAX} - 1) + 1,
-               lease_id = gen_random_uuid(),
-               locked_by = $3,
-               claimed_at = statement_timestamp(),
-               visible_at = statement_timestamp() + make_interval(secs => $4),
-               updated_at = statement_timestamp()
-FROM picked WHERE job.id = picked.id
-RETURNING job.id, job.task_type, job.payload::text AS payload_json, job.attempts,
-          job.max_attempts, job.timeout_seconds, job.lease_id, job.visible_at,
-          job.idempotency_key, job.priority, job.ready_at
-"""
+), claimed AS (
+    UPDATE job SET status = 'PROCESSING',
+                   attempts = LEAST(job.attempts, {INT_MAX} - 1) + 1,
+                   lease_id = gen_random_uuid(),
+                   locked_by = $3,
+                   claimed_at = statement_timestamp(),
+                   visible_at = statement_timestamp() + make_interval(secs => $4),
+                   updated_at = statement_timestamp()
+    -- By primary key, not a join with `picked`: the plan, made once for every `max`, must
+    -- not depend on how many rows the LIMIT lets through.
+    WHERE job.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING job.id, job.task_type, job.payload::text AS payload_json, job.attempts,
+              job.max_attempts, job.timeout_seconds, job.lease_id, job.visible_at,
+              job.idempotency_key, (SELECT rank FROM picked WHERE picked.id = job.id) AS rank
+)"""
 
 # Each entry is fenced by its own receipt handle: only the latest claim may complete a job.
-_ACK = """
-WITH entries AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS e(id, receipt_handle, result)
-)
-UPDATE job SET status = 'COMPLETED',
-               result = CAST(entries.result AS jsonb),
-               locked_by = NULL,
-               finished_at = statement_timestamp(),
-               updated_at = statement_timestamp()
-FROM entries
-WHERE job.id = entries.id AND job.lease_id = entries.receipt_handle
-  AND job.status = 'PROCESSING'
-RETURNING job.id, job.queue, job.task_type, job.attempts,
-          EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end
+# Parameters: ids, receipt handles and results (JSON text or NULL), as arrays.
+_ACK_CTES = """
+entries AS (
+    SELECT * FROM unnest({ids}::uuid[], {handles}::uuid[], {results}::text[])
+        AS e(id, receipt_handle, result)
+), acked AS (
+    UPDATE job SET status = 'COMPLETED',
+                   result = CAST(entries.result AS jsonb),
+                   locked_by = NULL,
+                   finished_at = statement_timestamp(),
+                   updated_at = statement_timestamp()
+    FROM entries
+    -- `id = ANY(ids)` lets the plan fetch the rows by primary key, however many jobs run.
+    WHERE job.id = ANY({ids}::uuid[]) AND job.id = entries.id
+      AND job.lease_id = entries.receipt_handle AND job.status = 'PROCESSING'
+    RETURNING job.id, job.queue, job.task_type, job.attempts,
+              EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end
+)"""
+
+_CLAIM = f"WITH {_CLAIM_CTES} SELECT * FROM claimed"
+
+_ACK = f"WITH {_ACK_CTES.format(ids='$1', handles='$2', results='$3')} SELECT * FROM acked"
+
+# A worker's acks and its next claim in one statement: one round trip and one commit (one WAL
+# flush) for both. The acked rows are PROCESSING and the claimed ones PENDING, so the two
+# updates never touch the same row.
+_ACK_AND_CLAIM = f"""
+WITH {_ACK_CTES.format(ids="$5", handles="$6", results="$7")}, {_CLAIM_CTES}
+SELECT true AS is_claim, id, task_type, payload_json, attempts, max_attempts, timeout_seconds,
+       lease_id, visible_at, idempotency_key, rank, NULL AS queue, NULL::float8 AS end_to_end
+FROM claimed
+UNION ALL
+SELECT false, id, task_type, NULL, attempts, NULL, NULL, NULL, NULL, NULL, NULL,
+       queue, end_to_end
+FROM acked
 """
 
 _LEASES = "SELECT id, lease_id, status FROM job WHERE id = ANY($1::uuid[])"
@@ -254,18 +280,6 @@ def _append_error(entry: str) -> str:
         f"THEN job.errors - 0 ELSE job.errors END) || jsonb_build_array({entry})"
     )
 
-
-BACKOFF_CEILING_SQL = (
-    "LEAST({max_delay}, {base_delay} * power({multiplier},"
-    " GREATEST(0, LEAST({attempt}::bigint - 1, 30))))"
-)
-"""The retry ceiling in seconds for `{attempt}` (1-based): min(max, base * mult^min(a - 1, 30)),
-given SQL expressions for the attempt and the three settings.
-
-Full jitter (AWS Architecture Blog, "Exponential Backoff And Jitter", 2015) multiplies it by
-u uniform in (0, 1], bound from Python per entry. Capping the exponent keeps attempt 10,000
-finite.
-"""
 
 _FAIL_CEILING = BACKOFF_CEILING_SQL.format(
     attempt="job.attempts", max_delay="$7", base_delay="$8", multiplier="$9"
@@ -287,7 +301,7 @@ WITH entries AS (
                 ELSE 'SCHEDULED' END AS next_status
     FROM job JOIN entries
       ON job.id = entries.id AND job.lease_id = entries.receipt_handle
-    WHERE job.status = 'PROCESSING'
+    WHERE job.id = ANY($1::uuid[]) AND job.status = 'PROCESSING'
     ORDER BY job.id
     FOR UPDATE OF job
 )
@@ -312,13 +326,14 @@ FROM decided WHERE job.id = decided.id
 RETURNING job.id, job.queue, job.task_type, job.status, job.attempts, job.last_error
 """
 
+_EXPIRY_OUTCOME = """(CASE WHEN job.cancel_requested THEN 'CANCELLED'
+          WHEN job.attempts::bigint - job.releases >= job.max_attempts THEN 'DEAD_LETTER'
+          ELSE 'PENDING' END)"""
+"""What an expired lease leads to, from the row as it is now (used twice in one UPDATE)."""
+
 _REAP = f"""
 WITH expired AS (
-    SELECT id,
-           CASE WHEN cancel_requested THEN 'CANCELLED'
-                WHEN attempts::bigint - releases >= max_attempts THEN 'DEAD_LETTER'
-                ELSE 'PENDING' END AS next_status
-    FROM job
+    SELECT id FROM job
     WHERE status = 'PROCESSING' AND visible_at < statement_timestamp()
     ORDER BY visible_at
     LIMIT $1
@@ -327,8 +342,8 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ), reaped AS (
     UPDATE job SET
-        status = expired.next_status,
-        finished_at = CASE WHEN expired.next_status <> 'PENDING' THEN statement_timestamp() END,
+        status = {_EXPIRY_OUTCOME},
+        finished_at = CASE WHEN {_EXPIRY_OUTCOME} <> 'PENDING' THEN statement_timestamp() END,
         -- Expired jobs are ready at once (the expiry consumed the attempt), behind the work
         -- already waiting.
         visible_at = statement_timestamp(),
@@ -344,9 +359,8 @@ WITH expired AS (
         lease_id = NULL,
         locked_by = NULL,
         updated_at = statement_timestamp()
-    FROM expired
-    WHERE job.id = expired.id AND job.status = 'PROCESSING'
-      AND job.visible_at < statement_timestamp()
+    WHERE job.id = ANY(ARRAY(SELECT id FROM expired))
+      AND job.status = 'PROCESSING' AND job.visible_at < statement_timestamp()
     RETURNING job.id, job.queue, job.task_type, job.status
 ), woken AS ({_notify_ready("reaped")})
 SELECT reaped.*, (SELECT count(*) FROM woken) AS notified FROM reaped
@@ -370,7 +384,7 @@ WITH entries AS (
                 ELSE 'PENDING' END AS next_status
     FROM job JOIN entries
       ON job.id = entries.id AND job.lease_id = entries.receipt_handle
-    WHERE job.status = 'PROCESSING'
+    WHERE job.id = ANY($1::uuid[]) AND job.status = 'PROCESSING'
     ORDER BY job.id
     FOR UPDATE OF job
 ), extended AS (
@@ -454,26 +468,30 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE job SET {_RESET_FOR_RETRY}
-    FROM picked WHERE job.id = picked.id AND job.status = 'DEAD_LETTER'
+    WHERE job.id = ANY(ARRAY(SELECT id FROM picked)) AND job.status = 'DEAD_LETTER'
     RETURNING job.queue, job.status
 ), woken AS ({_notify_ready("moved")})
 SELECT count(*) AS moved, (SELECT count(*) FROM woken) AS notified FROM moved
 """
 
 _DELETE_FINISHED = """
-DELETE FROM job WHERE id IN (
+DELETE FROM job WHERE id = ANY(ARRAY(
     SELECT id FROM job
-    -- Matches ix_job_retention's predicate, so this walks the index by finished_at.
-    WHERE status = ANY($1::text[])
-      AND finished_at < statement_timestamp() - make_interval(secs => $2)
+    -- Literal statuses inside ix_job_retention's predicate, so the planner can use the index
+    -- and walk it by finished_at (a parameter could not prove the predicate in a generic plan).
+    WHERE status IN ({statuses})
+      AND finished_at < statement_timestamp() - make_interval(secs => $1)
     ORDER BY finished_at
-    LIMIT $3
+    LIMIT $2
     FOR UPDATE SKIP LOCKED
-)
+))
 """
 
 # A job becomes ready at the moment it came due, so it queues behind work that was waiting
-# before then and ahead of work submitted after.
+# before then and ahead of work submitted after. Statements that update rows a LIMITed CTE
+# picked find them by primary key (`id = ANY(ARRAY(…))`), never by joining the CTE: plans are
+# generic (made once for every parameter value), and a join planned for an unknown LIMIT
+# would scan the whole table.
 _PROMOTE = f"""
 WITH due AS (
     SELECT id FROM job
@@ -485,7 +503,7 @@ WITH due AS (
 ), promoted AS (
     UPDATE job SET status = 'PENDING', ready_at = job.visible_at,
                    updated_at = statement_timestamp()
-    FROM due WHERE job.id = due.id AND job.status = 'SCHEDULED'
+    WHERE job.id = ANY(ARRAY(SELECT id FROM due)) AND job.status = 'SCHEDULED'
     RETURNING job.queue, job.status
 ), woken AS ({_notify_ready("promoted")})
 SELECT queue, count(*) AS promoted, (SELECT count(*) FROM woken) AS notified
@@ -542,7 +560,22 @@ LEFT JOIN pg_stat_user_tables AS s ON s.relid = 'job'::regclass
 """
 
 CLAIM_STATEMENT = _CLAIM
-"""The claim statement itself, for plan-regression tests (EXPLAIN of the real statement)."""
+"""The claim statement itself, for plan-regression tests (EXPLAIN of the real statement):
+parameters ($1 queues, $2 max, $3 worker, $4 visibility timeout in seconds)."""
+
+ACK_AND_CLAIM_STATEMENT = _ACK_AND_CLAIM
+"""The combined ack-and-claim statement, for plan-regression tests: the claim's four
+parameters, then ($5 ids, $6 receipt handles, $7 results as JSON text)."""
+
+# The other transitions, for the same tests (each statement's parameters are documented above
+# it; retention's is the statement for COMPLETED and CANCELLED jobs).
+ACK_STATEMENT = _ACK
+FAIL_STATEMENT = _FAIL
+HEARTBEAT_STATEMENT = _HEARTBEAT
+REAP_STATEMENT = _REAP
+PROMOTE_STATEMENT = _PROMOTE
+REDRIVE_STATEMENT = _REDRIVE
+RETENTION_STATEMENT = _DELETE_FINISHED.format(statuses="'CANCELLED', 'COMPLETED'")
 
 
 _CONTENTION = {"40P01", "40001"}
@@ -554,11 +587,16 @@ _UNAVAILABLE_STATES = {"57P01", "57P02", "57P03", "57014"}
 query_canceled (statement_timeout): the database cannot serve this statement right now."""
 
 
+_BROKEN_CONNECTION = (asyncpg.InterfaceError, asyncpg.exceptions._base.InternalClientError)
+"""The driver's own connection went wrong (closed under it, or left mid-operation when the
+server went away): the connection is discarded, and the statement answered 503."""
+
+
 def _unavailable(exc: BaseException) -> bool:
     """True when `exc` means "the database cannot serve us right now": a lost or refused
     connection, a server starting, stopping or out of connections, a pool or statement
     timeout. Such errors are answered 503 with Retry-After, never 500."""
-    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError):
+    if isinstance(exc, (OSError, TimeoutError, *_BROKEN_CONNECTION)):
         return True
     if isinstance(exc, asyncpg.PostgresError):
         state = exc.sqlstate or ""
@@ -573,7 +611,7 @@ async def _translated() -> AsyncIterator[None]:
     """Turn "database unavailable" driver errors into `ServiceUnavailable` (HTTP 503)."""
     try:
         yield
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+    except (asyncpg.PostgresError, *_BROKEN_CONNECTION, OSError, TimeoutError) as exc:
         if not _unavailable(exc):
             raise
         logger.warning(
@@ -638,27 +676,78 @@ def _json_or_null(value: Any) -> str | None:
     return None if value is None else msgspec.json.encode(value).decode()
 
 
+def _claimed(rows: list[asyncpg.Record], visibility_timeout: int) -> list[Claimed]:
+    """Claimed jobs from claim rows, in claim order (priority, ready time, id)."""
+    rows.sort(key=lambda r: r["rank"])
+    return [
+        Claimed(
+            id=row["id"],
+            task_type=row["task_type"],
+            payload_json=row["payload_json"],
+            attempts=row["attempts"],
+            max_attempts=row["max_attempts"],
+            timeout_seconds=row["timeout_seconds"],
+            receipt_handle=row["lease_id"],
+            visibility_timeout=visibility_timeout,
+            visible_at=row["visible_at"],
+            idempotency_key=row["idempotency_key"],
+        )
+        for row in rows
+    ]
+
+
+def _completed(rows: list[asyncpg.Record]) -> list[Settled]:
+    """Settled (COMPLETED) jobs from ack rows."""
+    return [
+        Settled(
+            r["id"],
+            r["queue"],
+            r["task_type"],
+            JobStatus.COMPLETED,
+            attempts=r["attempts"],
+            end_to_end_seconds=r["end_to_end"],
+        )
+        for r in rows
+    ]
+
+
 class JobRepository:
     """PostgreSQL access for jobs, over an asyncpg pool (see `create_pool`).
 
     `acquire_timeout` (seconds) bounds the wait for a free pooled connection; a wait that runs
-    out is ServiceUnavailable, like an unreachable database.
+    out is ServiceUnavailable, like an unreachable database. `metrics`, if given, counts the
+    pool's use.
     """
 
-    def __init__(self, pool: asyncpg.Pool, acquire_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        acquire_timeout: float = 10.0,
+        metrics: PoolMetrics | None = None,
+    ) -> None:
         self._pool = pool
         self._acquire_timeout = acquire_timeout
+        self._metrics = metrics
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
         async with _translated():
             # asyncio.timeout rather than acquire(timeout=…), which starts a task per call.
             async with asyncio.timeout(self._acquire_timeout):
-                conn = await self._pool.acquire()
+                if self._metrics is None:
+                    conn = await self._pool.acquire()
+                else:
+                    conn = await self._metrics.acquired(self._pool.acquire)
             try:
                 yield conn
+            except _BROKEN_CONNECTION:
+                # Never hand a connection in an unknown state to the next statement.
+                conn.terminate()
+                raise
             finally:
                 await self._pool.release(conn)
+                if self._metrics is not None:
+                    self._metrics.released()
 
     async def _fetch(self, statement: str, *args: Any) -> list[asyncpg.Record]:
         """Run one statement (its own transaction); all its rows."""
@@ -727,22 +816,34 @@ class JobRepository:
         """
         names = list(dict.fromkeys(queues))
         rows = await self._fetch(_CLAIM, names, max_jobs, worker, visibility_timeout)
-        rows.sort(key=lambda r: (-r["priority"], r["ready_at"], r["id"]))
-        return [
-            Claimed(
-                id=row["id"],
-                task_type=row["task_type"],
-                payload_json=row["payload_json"],
-                attempts=row["attempts"],
-                max_attempts=row["max_attempts"],
-                timeout_seconds=row["timeout_seconds"],
-                receipt_handle=row["lease_id"],
-                visibility_timeout=visibility_timeout,
-                visible_at=row["visible_at"],
-                idempotency_key=row["idempotency_key"],
-            )
-            for row in rows
-        ]
+        return _claimed(rows, visibility_timeout)
+
+    async def ack_and_claim(
+        self,
+        entries: Sequence[tuple[uuid.UUID, uuid.UUID, Any]],
+        queues: Sequence[str],
+        worker: str,
+        max_jobs: int,
+        visibility_timeout: int,
+    ) -> tuple[list[Claimed], list[Settled]]:
+        """`ack_many(entries)` and `claim(...)` in one statement (one round trip, one commit).
+
+        Returns the jobs claimed, in claim order, and the jobs this call completed.
+        """
+        names = list(dict.fromkeys(queues))
+        rows = await self._fetch(
+            _ACK_AND_CLAIM,
+            names,
+            max_jobs,
+            worker,
+            visibility_timeout,
+            [entry[0] for entry in entries],
+            [entry[1] for entry in entries],
+            [_json_or_null(entry[2]) for entry in entries],
+        )
+        claimed = [row for row in rows if row["is_claim"]]
+        acked = [row for row in rows if not row["is_claim"]]
+        return _claimed(claimed, visibility_timeout), _completed(acked)
 
     async def ack_many(self, entries: Sequence[tuple[uuid.UUID, uuid.UUID, Any]]) -> list[Settled]:
         """Complete every `(id, receipt handle, result)` whose handle is current, in one
@@ -753,17 +854,7 @@ class JobRepository:
             [entry[1] for entry in entries],
             [_json_or_null(entry[2]) for entry in entries],
         )
-        return [
-            Settled(
-                r["id"],
-                r["queue"],
-                r["task_type"],
-                JobStatus.COMPLETED,
-                attempts=r["attempts"],
-                end_to_end_seconds=r["end_to_end"],
-            )
-            for r in rows
-        ]
+        return _completed(rows)
 
     async def leases(
         self, ids: Sequence[uuid.UUID]
@@ -873,13 +964,17 @@ class JobRepository:
     async def delete_finished(
         self, statuses: Sequence[JobStatus], older_than: float, batch: int
     ) -> int:
-        """Delete up to `batch` jobs in `statuses` finished more than `older_than` seconds ago,
-        oldest first, in one short statement; returns how many were deleted."""
+        """Delete up to `batch` jobs in `statuses` (finished ones) finished more than
+        `older_than` seconds ago, oldest first, in one short statement; returns how many were
+        deleted. Raises ValueError for a status that is not a finished one."""
+        if not statuses or not set(statuses) <= FINISHED_STATUSES:
+            raise ValueError(f"retention deletes finished jobs only, not {statuses}")
+        literals = ", ".join(f"'{status.value}'" for status in sorted(set(statuses)))
         async with self._connection() as conn:
-            status: str = await conn.execute(
-                _DELETE_FINISHED, [s.value for s in statuses], older_than, batch
+            done: str = await conn.execute(
+                _DELETE_FINISHED.format(statuses=literals), older_than, batch
             )
-        return int(status.rsplit(" ", 1)[-1])
+        return int(done.rsplit(" ", 1)[-1])
 
     async def list_jobs(
         self,

@@ -26,6 +26,7 @@ from common.bodies import ReportJSON, StrictJSON
 from common.contracts import (
     LIST_LIMIT_DEFAULT,
     AckRequest,
+    AckResult,
     BatchAckRequest,
     BatchAckResponse,
     BatchFailRequest,
@@ -81,14 +82,17 @@ class _ClaimedJob(msgspec.Struct, rename="camel"):
     idempotency_key: str | None
 
 
-class _ClaimReply(msgspec.Struct):
+class _ClaimReply(msgspec.Struct, omit_defaults=True):
     jobs: list[_ClaimedJob]
+    acks: list[AckResult] = msgspec.field(default_factory=list)
 
 
-def encode_claimed(jobs: Sequence[Claimed]) -> bytes:
-    """The `ClaimResponse` JSON for `jobs`, each payload passed through as stored."""
+def encode_claimed(jobs: Sequence[Claimed], acks: list[AckResult]) -> bytes:
+    """The `ClaimResponse` JSON for `jobs` and `acks`, each payload passed through as
+    stored."""
     return msgspec.json.encode(
         _ClaimReply(
+            acks=acks,
             jobs=[
                 _ClaimedJob(
                     id=job.id,
@@ -103,7 +107,7 @@ def encode_claimed(jobs: Sequence[Claimed]) -> bytes:
                     idempotency_key=job.idempotency_key,
                 )
                 for job in jobs
-            ]
+            ],
         )
     )
 
@@ -236,7 +240,7 @@ class JobController(Controller):
     @post(
         "/next",
         status_code=200,
-        dto=StrictJSON[ClaimRequest],
+        dto=ReportJSON[ClaimRequest],
         summary="Claim jobs (long poll)",
         responses={
             204: ResponseSpec(None, description="No job arrived within waitSeconds"),
@@ -250,10 +254,12 @@ class JobController(Controller):
         request: Request[Any, Any, State],
     ) -> Response[ClaimResponse | None]:
         """Claim up to `max` jobs; waits up to `waitSeconds` for one without holding a
-        database connection. A client that disconnects while waiting gets nothing claimed."""
+        database connection. A client that disconnects while waiting gets nothing claimed.
+        `acks` completes finished jobs in the same statement as the first claim, before any
+        waiting; the reply carries an outcome per ack (200 even when no job arrived)."""
         disconnected = asyncio.ensure_future(request.receive())
         try:
-            jobs = await service.claim(data, disconnected)
+            jobs, acks = await service.claim(data, disconnected)
             if jobs and disconnected.done() and not disconnected.cancelled():
                 # The client left while the claim ran: nobody will process these jobs.
                 await service.release_all(jobs)
@@ -262,10 +268,10 @@ class JobController(Controller):
             disconnected.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await disconnected
-        if not jobs:
+        if not jobs and not acks:
             return Response(None, status_code=204)
         # Encoded here (payloads passed through as stored); documented as ClaimResponse.
-        body: Any = encode_claimed(jobs)
+        body: Any = encode_claimed(jobs, acks)
         return Response(body, status_code=200, media_type=MediaType.JSON)
 
     @post(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 import uuid
 from collections import Counter
@@ -54,9 +53,9 @@ from common.errors import (
 from common.ids import new_job_id
 from common.text import sanitize_result, sanitize_text
 from common.validation import check_payload
+from services.queue import retry
 from services.queue.metrics import QueueMetrics
 from services.queue.repository import (
-    Backoff,
     Claimed,
     Extended,
     JobRepository,
@@ -111,11 +110,11 @@ def _raise_for(job_id: uuid.UUID, handle: uuid.UUID, status: int) -> None:
         )
 
 
-def _distinct_ids(ids: Sequence[uuid.UUID]) -> None:
+def _distinct_ids(ids: Sequence[uuid.UUID], pointer: str = "/entries") -> None:
     if len(set(ids)) != len(ids):
         raise InvalidInput(
             "each job may appear once per batch",
-            errors=[{"pointer": "/entries", "detail": "repeated id"}],
+            errors=[{"pointer": pointer, "detail": "repeated id"}],
         )
 
 
@@ -135,7 +134,7 @@ class QueueService:
         self._settings = settings
         self._metrics = metrics
         self._shutdown = shutdown
-        self._backoff = Backoff(
+        self._backoff = retry.Backoff(
             settings.queue_retry_base_delay,
             settings.queue_retry_multiplier,
             settings.queue_retry_max_delay,
@@ -279,24 +278,36 @@ class QueueService:
 
     async def claim(
         self, request: ClaimRequest, disconnected: asyncio.Future[Any] | None = None
-    ) -> list[Claimed]:
-        """Claim up to `request.max` jobs, long-polling up to `request.wait_seconds`.
+    ) -> tuple[list[Claimed], list[AckResult]]:
+        """Claim up to `request.max` jobs, long-polling up to `request.wait_seconds`; complete
+        the jobs in `request.acks` first, in the same statement as the first claim.
 
-        Returns as soon as at least one job is claimed; an empty list when none arrived in
-        time, when the service is shutting down, or when the client went away (`disconnected`
-        completed), in which case nothing is claimed for it.
+        Returns the jobs claimed and one outcome per ack (as `ack_many`), as soon as at least
+        one job is claimed; no jobs when none arrived in time, when the service is shutting
+        down, or when the client went away (`disconnected` completed), in which case nothing is
+        claimed for it. The acks are committed before any waiting begins; only their answer
+        waits for the reply. Raises InvalidInput for repeated ack ids.
         """
         visibility = request.visibility_timeout or self._settings.queue_visibility_timeout
+        acks: list[AckResult] = []
+        looked = False
+        if request.acks:
+            jobs, acks = await self._ack_and_claim(request, visibility)
+            if jobs:
+                return jobs, acks
+            looked = True
         deadline = time.monotonic() + request.wait_seconds
         while True:
-            started = time.perf_counter()
-            jobs = await self.repository.claim(
-                request.queues, request.worker, request.max, visibility
-            )
-            self._metrics.claim_duration.observe(time.perf_counter() - started)
-            if jobs:
-                self._metrics.claim_batch_size.observe(len(jobs))
-                return jobs
+            if not looked:
+                started = time.perf_counter()
+                jobs = await self.repository.claim(
+                    request.queues, request.worker, request.max, visibility
+                )
+                self._metrics.claim_duration.observe(time.perf_counter() - started)
+                if jobs:
+                    self._metrics.claim_batch_size.observe(len(jobs))
+                    return jobs, acks
+            looked = False
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._shutdown.is_set():
                 break
@@ -309,7 +320,28 @@ class QueueService:
             if self._shutdown.is_set() or (disconnected is not None and disconnected.done()):
                 break
         self._metrics.empty_claims.inc()
-        return []
+        return [], acks
+
+    async def _ack_and_claim(
+        self, request: ClaimRequest, visibility: int
+    ) -> tuple[list[Claimed], list[AckResult]]:
+        entries = request.acks
+        _distinct_ids([entry.id for entry in entries], "/acks")
+        started = time.perf_counter()
+        jobs, settled = await self.repository.ack_and_claim(
+            [
+                (entry.id, entry.receipt_handle, sanitize_result(entry.result, RESULT_MAX_BYTES))
+                for entry in entries
+            ],
+            request.queues,
+            request.worker,
+            request.max,
+            visibility,
+        )
+        self._metrics.claim_duration.observe(time.perf_counter() - started)
+        if jobs:
+            self._metrics.claim_batch_size.observe(len(jobs))
+        return jobs, await self._ack_results(entries, settled)
 
     async def ack_many(self, entries: Sequence[AckEntry]) -> BatchAckResponse:
         """Complete many jobs in one statement, each fenced by its own receipt handle.
@@ -324,17 +356,21 @@ class QueueService:
                 for entry in entries
             ]
         )
+        return BatchAckResponse(results=await self._ack_results(entries, settled))
+
+    async def _ack_results(
+        self, entries: Sequence[AckEntry], settled: Sequence[Settled]
+    ) -> list[AckResult]:
+        """Record the acks applied, and answer every entry (200, or a replay's 200, 404, 409)."""
         self._record(settled)
         done = {job.id for job in settled}
         statuses = await self._replays(
             [(entry.id, entry.receipt_handle) for entry in entries if entry.id not in done]
         )
-        return BatchAckResponse(
-            results=[
-                AckResult(id=entry.id, status=200 if entry.id in done else statuses[entry.id][0])
-                for entry in entries
-            ]
-        )
+        return [
+            AckResult(id=entry.id, status=200 if entry.id in done else statuses[entry.id][0])
+            for entry in entries
+        ]
 
     async def fail_many(self, entries: Sequence[FailEntry]) -> BatchFailResponse:
         """Record many failed attempts in one statement: each job is SCHEDULED after a
@@ -352,8 +388,7 @@ class QueueService:
                 error=sanitize_text(entry.error, ERROR_MAX_BYTES) or "(no error text)",
                 retryable=entry.retryable,
                 retry_after=entry.retry_after_seconds,
-                # u in (0, 1]: a zero delay would put every failed job back at once.
-                jitter=1.0 - random.random(),
+                jitter=retry.jitter(),
             )
             for entry in entries
         ]

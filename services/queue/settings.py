@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
+from common.contracts import (
+    DEFAULT_MAX_ATTEMPTS,
+    MAX_ATTEMPTS_MAX,
+    MAX_ATTEMPTS_MIN,
+    VISIBILITY_TIMEOUT_MAX,
+)
 from common.settings import Duration, HttpServiceSettings, Port, Token
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/jobq"
@@ -44,8 +50,10 @@ class QueueSettings(HttpServiceSettings):
     queue_host: str = "127.0.0.1"
     queue_port: Port = 8081
     queue_db_pool_size: int = Field(default=10, ge=1, le=200)
-    queue_max_attempts: int = Field(default=5, ge=1, le=100)
-    queue_visibility_timeout: int = Field(default=30, ge=1, le=43_200)
+    queue_max_attempts: int = Field(
+        default=DEFAULT_MAX_ATTEMPTS, ge=MAX_ATTEMPTS_MIN, le=MAX_ATTEMPTS_MAX
+    )
+    queue_visibility_timeout: int = Field(default=30, ge=1, le=VISIBILITY_TIMEOUT_MAX)
     queue_retry_base_delay: Duration = 5.0
     queue_retry_multiplier: float = Field(default=2.0, ge=1.0, le=100.0)
     queue_retry_max_delay: Duration = 300.0

@@ -10,8 +10,9 @@ import uvicorn
 import uvloop
 from prometheus_client import CollectorRegistry
 
-from common.http import ServiceClient
+from common.http import QUEUE_SERVICE_CONNECTIONS, ServiceClient
 from common.logging import configure_logging
+from common.pools import PoolMetrics
 from common.settings import load_settings
 from services.worker.app import EmbeddedServer, create_app
 from services.worker.client import QueueClient
@@ -37,7 +38,9 @@ async def run(settings: WorkerSettings) -> None:
     outbound = webhook_client(settings.webhook_timeout)
     token = settings.queue_internal_token
     queue_http = ServiceClient(
-        settings.queue_service_url, token=token.get_secret_value() if token else None
+        settings.queue_service_url,
+        token=token.get_secret_value() if token else None,
+        metrics=PoolMetrics(registry, "queue-service", QUEUE_SERVICE_CONNECTIONS),
     )
     async with queue_http, outbound:
         processors = build_registry(settings, outbound)

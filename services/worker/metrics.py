@@ -13,7 +13,6 @@ class WorkerMetrics:
     """Every worker metric, on `registry`."""
 
     def __init__(self, registry: CollectorRegistry, slots: int, label_limit: int = 100) -> None:
-        self.registry = registry
         self.task_label = BoundedLabel(label_limit)
         self.job_duration = Histogram(
             "jobq_worker_job_duration_seconds",

@@ -32,12 +32,13 @@ from common.contracts import (
     ERROR_MAX_BYTES,
     RESULT_MAX_BYTES,
     AckEntry,
+    ClaimResponse,
     FailEntry,
     HeartbeatEntry,
     JobMessage,
     JobStatus,
 )
-from common.errors import JobqError, StaleReceiptHandle
+from common.errors import JobqError, ServiceUnavailable, StaleReceiptHandle
 from common.text import sanitize_result, sanitize_text
 from services.worker.client import QueueClient, Settler
 from services.worker.metrics import WorkerMetrics
@@ -50,8 +51,11 @@ T = TypeVar("T")
 
 _CLAIM_BACKOFF_MAX = 5.0
 _RELEASE_BUDGET = 5.0
-_HEARTBEAT_TICK = 0.25
-"""Seconds between looks for leases due to be extended."""
+_ACK_LINGER = 0.002
+"""Seconds a worker waits, after a claim that emptied the queue, for the jobs it just started
+to finish before it long-polls again (so their acks ride that long poll)."""
+_HEARTBEAT_TICK = 0.1
+"""Seconds between looks for leases due to be extended (and acks waiting too long)."""
 _HEARTBEAT_RETRY = 1.0
 """Seconds before a failed heartbeat is tried again."""
 
@@ -139,6 +143,8 @@ class Worker:
         concurrency = self._settings.worker_concurrency
         async with asyncio.TaskGroup() as tasks:
             heartbeats = tasks.create_task(self._heartbeat_loop())
+            # A finished job frees a slot, which always leads to a claim: its ack rides along.
+            self._settler.carry_acks = True
             while not shutdown.is_set():
                 free = concurrency - self._busy
                 if free <= 0:
@@ -156,42 +162,65 @@ class Worker:
                     self._busy += 1
                     task.add_done_callback(self._finished)
                 self._metrics.active_jobs.set(self._busy)
+                if 0 < len(jobs) < free:
+                    # The queue ran dry, so the next claim will wait for work: give the jobs
+                    # just started a moment to finish, so their acks travel with it instead
+                    # of in a request of their own.
+                    self._slot_freed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._slot_freed.wait(), _ACK_LINGER)
+            self._settler.carry_acks = False
             await self._drain()
             heartbeats.cancel()
         await self._settler.aclose()
 
     async def _next_jobs(self, free: int, shutdown: asyncio.Event) -> list[JobMessage]:
-        """One long poll for up to `free` jobs; [] on shutdown, or after a failed claim and a
-        capped exponential pause (0.2 s doubling to 5 s)."""
-        try:
-            jobs: list[JobMessage] | None = await _first(self._claim(free), shutdown.wait())
-        except JobqError as exc:
-            self._backoff = min(_CLAIM_BACKOFF_MAX, self._backoff * 2 or 0.2)
-            # Starting before the queue service is normal (compose, honcho): say so once,
-            # quietly; failing after having worked, or for long, is worth a warning.
-            if self._connected or self._backoff >= _CLAIM_BACKOFF_MAX:
-                logger.warning(
-                    "claim failed (%s); retrying in %.1fs",
-                    exc,
-                    self._backoff,
-                    extra={"event": "claim_failed"},
-                )
-            elif self._backoff == 0.2:
-                logger.info(
-                    "waiting for the queue service (%s)", exc, extra={"event": "waiting_for_queue"}
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(shutdown.wait(), timeout=self._backoff)
-            return []
-        self._backoff, self._connected = 0.0, True
-        return jobs or []
+        """One claim for up to `free` jobs, carrying the acks waiting for it; [] on shutdown,
+        or after a failed claim and a capped exponential pause (0.2 s doubling to 5 s).
 
-    async def _claim(self, free: int) -> list[JobMessage]:
+        Any claim may long-poll: acks of jobs finishing meanwhile wait for the next claim for
+        at most `HOLD_MAX` seconds, then go on their own (see the heartbeat loop)."""
+        carried = self._settler.take_acks()
+        try:
+            reply: ClaimResponse | None = await _first(
+                self._claim(free, [entry for entry, _ in carried]), shutdown.wait()
+            )
+        except JobqError as exc:
+            Settler.answer_acks(carried, exc)
+            await self._claim_failed(exc, shutdown)
+            return []
+        if reply is None:
+            Settler.answer_acks(carried, ServiceUnavailable("the worker is shutting down"))
+            return []
+        Settler.answer_acks(carried, reply.acks)
+        self._backoff, self._connected = 0.0, True
+        return reply.jobs
+
+    async def _claim_failed(self, exc: JobqError, shutdown: asyncio.Event) -> None:
+        self._backoff = min(_CLAIM_BACKOFF_MAX, self._backoff * 2 or 0.2)
+        # Starting before the queue service is normal (compose, honcho): say so once, quietly;
+        # failing after having worked, or for long, is worth a warning.
+        if self._connected or self._backoff >= _CLAIM_BACKOFF_MAX:
+            logger.warning(
+                "claim failed (%s); retrying in %.1fs",
+                exc,
+                self._backoff,
+                extra={"event": "claim_failed"},
+            )
+        elif self._backoff == 0.2:
+            logger.info(
+                "waiting for the queue service (%s)", exc, extra={"event": "waiting_for_queue"}
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(shutdown.wait(), timeout=self._backoff)
+
+    async def _claim(self, free: int, acks: list[AckEntry]) -> ClaimResponse:
         return await self._client.claim(
             self._settings.worker_queues,
             free,
             self._settings.worker_wait_seconds,
             self._settings.worker_visibility_timeout,
+            acks,
         )
 
     def _free_slot(self, running: Running) -> None:
@@ -284,9 +313,11 @@ class Worker:
             return Failure(f"{type(exc).__name__}: {exc}")
 
     async def _heartbeat_loop(self) -> None:
-        """Extend the leases that are due, in one batch per tick, until cancelled."""
+        """Extend the leases that are due, in one batch per tick, until cancelled; send acks
+        that waited too long for a claim to carry them."""
         while True:
             await asyncio.sleep(_HEARTBEAT_TICK)
+            self._settler.send_stale()
             now = time.monotonic()
             due = [r for r in self._processing if r.next_heartbeat <= now and r.stop is None]
             if due:

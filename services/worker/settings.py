@@ -8,12 +8,24 @@ import socket
 
 from pydantic import Field, field_validator
 
-from common.contracts import CLAIM_MAX, NAME_PATTERN, WAIT_SECONDS_MAX
+from common.contracts import (
+    CLAIM_MAX,
+    NAME_PATTERN,
+    VISIBILITY_TIMEOUT_MAX,
+    WAIT_SECONDS_MAX,
+    WORKER_NAME_MAX,
+)
 from common.settings import CommaList, Duration, EmailPolicySettings, Port, Token, parse_duration
 
 
 def _default_worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"[:200]
+
+
+DEFAULT_CONCURRENCY = 32
+"""Jobs a worker runs at once by default. Processors are coroutines, so I/O-bound jobs overlap;
+and a claim asks for every free slot at once, so more slots mean fewer, larger claims (with 4
+slots a worker spends most of its time on round trips: docs/architecture.md#performance)."""
 
 
 class WorkerSettings(EmailPolicySettings):
@@ -27,13 +39,13 @@ class WorkerSettings(EmailPolicySettings):
     worker_name: str = Field(
         default_factory=_default_worker_name,
         min_length=1,
-        max_length=200,
+        max_length=WORKER_NAME_MAX,
         pattern=r"^[\x21-\x7e]+$",
     )
     worker_queues: CommaList = ["default"]
-    worker_concurrency: int = Field(default=4, ge=1, le=CLAIM_MAX)
+    worker_concurrency: int = Field(default=DEFAULT_CONCURRENCY, ge=1, le=CLAIM_MAX)
     worker_wait_seconds: float = Field(default=20, ge=0, le=WAIT_SECONDS_MAX)
-    worker_visibility_timeout: int | None = Field(default=None, ge=1, le=43_200)
+    worker_visibility_timeout: int | None = Field(default=None, ge=1, le=VISIBILITY_TIMEOUT_MAX)
     worker_shutdown_grace: Duration = 25.0
     worker_job_timeout: Duration = 900.0
     worker_metrics_host: str = "0.0.0.0"

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+import asyncpg
+import pytest
 
-from services.queue.repository import JobRepository
+from common.enqueue import ENQUEUE_ASYNCPG, encode_rows
+from services.queue.repository import (
+    ACK_AND_CLAIM_STATEMENT,
+    ACK_STATEMENT,
+    CLAIM_STATEMENT,
+    FAIL_STATEMENT,
+    HEARTBEAT_STATEMENT,
+    PROMOTE_STATEMENT,
+    REAP_STATEMENT,
+    REDRIVE_STATEMENT,
+    RETENTION_STATEMENT,
+    JobRepository,
+)
 from tests.helpers import new_job
 
 
@@ -59,33 +72,93 @@ async def test_delayed_job_is_not_claimable_until_promoted(repository: JobReposi
     assert await repository.promote_due() == {}
 
 
-async def test_claim_uses_the_partial_claim_index(
-    engine: AsyncEngine, repository: JobRepository
+async def _fill(connection: asyncpg.Connection) -> None:
+    """A table shaped like a busy queue's: backlogs of 10,000 ready and 10,000 scheduled jobs
+    (and small ones in two other queues), jobs in flight, dead letters and finished jobs;
+    statistics fresh."""
+    for queue in ("a", "b"):
+        rows = [new_job(queue=queue) for _ in range(50)]
+        await connection.fetch(ENQUEUE_ASYNCPG, encode_rows(rows))
+    await connection.execute(
+        "INSERT INTO job (id, queue, task_type, payload, status, max_attempts, visible_at,"
+        " finished_at, lease_id) SELECT gen_random_uuid(), 'default', 'noop', '{}', s, 5,"
+        " now(), now(), gen_random_uuid() FROM generate_series(1, 40000) AS i,"
+        " LATERAL (SELECT CASE WHEN i % 4 = 0 THEN 'PENDING' WHEN i % 4 = 1 THEN 'SCHEDULED'"
+        " WHEN i % 100 = 2 THEN 'PROCESSING' WHEN i % 100 = 6 THEN 'DEAD_LETTER'"
+        " ELSE 'COMPLETED' END AS s) AS pick"
+    )
+    await connection.execute("ANALYZE job")
+
+
+async def _generic_plan(connection: asyncpg.Connection, statement: str, args: str) -> str:
+    """EXPLAIN of the plan PostgreSQL caches for `statement` (generic, as the queue service's
+    sessions use), executed with `args` (SQL literals)."""
+    name = f"under_test_{next(_PREPARED)}"
+    await connection.execute("SET plan_cache_mode = force_generic_plan")
+    await connection.execute(f"PREPARE {name} AS {statement}")
+    rows = await connection.fetch(f"EXPLAIN EXECUTE {name}({args})")
+    return "\n".join(row[0] for row in rows)
+
+
+_PREPARED = itertools.count()
+
+
+CLAIM_ARGS = "'{{{queues}}}', 16, 'w', 30"
+SETTLE_ARRAYS = "ARRAY[gen_random_uuid()], ARRAY[gen_random_uuid()]"
+
+
+@pytest.mark.parametrize("queues", ["default", "default,a,b"])
+async def test_the_claim_is_an_ordered_index_walk_for_one_queue_and_for_several(
+    clean_database: str, queues: str
 ) -> None:
-    for _ in range(50):
-        await repository.insert(new_job())
-    async with engine.begin() as conn:
-        await conn.execute(
-            text(
-                "INSERT INTO job (id, queue, task_type, payload, status, max_attempts, visible_at,"
-                " finished_at) SELECT gen_random_uuid(), 'default', 'noop', '{}', 'COMPLETED', 5,"
-                " now(), now() FROM generate_series(1, 20000)"
-            )
+    connection = await asyncpg.connect(clean_database)
+    try:
+        await _fill(connection)
+        claim = await _generic_plan(connection, CLAIM_STATEMENT, CLAIM_ARGS.format(queues=queues))
+        with_acks = await _generic_plan(
+            connection,
+            ACK_AND_CLAIM_STATEMENT,
+            CLAIM_ARGS.format(queues=queues) + f", {SETTLE_ARRAYS}, ARRAY[NULL::text]",
         )
-        await conn.execute(text("ANALYZE job"))
-        plan = (
-            (
-                await conn.execute(
-                    text(
-                        "EXPLAIN SELECT id FROM job WHERE status = 'PENDING' AND queue = ANY(:q)"
-                        " ORDER BY priority DESC, id LIMIT 10 FOR UPDATE SKIP LOCKED"
-                    ),
-                    {"q": ["default"]},
-                )
-            )
-            .scalars()
-            .all()
-        )
-    plan_text = "\n".join(plan)
-    assert "ix_job_claim" in plan_text, plan_text
-    assert "Seq Scan" not in plan_text, plan_text
+    finally:
+        await connection.close()
+    for plan in (claim, with_acks):
+        assert "Index Scan using ix_job_claim" in plan, plan
+        # Each queue's walk is cut by its own LIMIT right above the index scan (no sort of
+        # the backlog), and no row is found by scanning the table.
+        walk = plan[plan.index("LockRows") :]
+        assert "Sort" not in walk.split("Index Scan using ix_job_claim")[0], plan
+        assert "Seq Scan" not in plan, plan
+        assert "Hash Join" not in plan, plan
+
+
+@pytest.mark.parametrize(
+    ("name", "statement", "args"),
+    [
+        ("ack", ACK_STATEMENT, f"{SETTLE_ARRAYS}, ARRAY[NULL::text]"),
+        (
+            "fail",
+            FAIL_STATEMENT,
+            f"{SETTLE_ARRAYS}, ARRAY['e'], ARRAY[true], ARRAY[NULL::float8], ARRAY[1.0], 300, 5, 2",
+        ),
+        ("heartbeat", HEARTBEAT_STATEMENT, f"{SETTLE_ARRAYS}, ARRAY[30], ARRAY['requested']"),
+        ("reaper", REAP_STATEMENT, "500"),
+        ("scheduler", PROMOTE_STATEMENT, "500"),
+        ("redrive", REDRIVE_STATEMENT, "NULL, NULL, 500, NULL"),
+        ("redrive of one tenant", REDRIVE_STATEMENT, "NULL, NULL, 500, 'acme'"),
+        ("retention", RETENTION_STATEMENT, "60, 500"),
+    ],
+)
+async def test_every_transition_finds_its_rows_by_index(
+    clean_database: str, name: str, statement: str, args: str
+) -> None:
+    connection = await asyncpg.connect(clean_database)
+    try:
+        await _fill(connection)
+        plan = await _generic_plan(connection, statement, args)
+    finally:
+        await connection.close()
+    # Rows are reached through an index, never by scanning or hashing a whole table or index
+    # (a join planned for an unknown LIMIT would).
+    assert "Seq Scan" not in plan, f"{name}:\n{plan}"
+    assert "Hash Join" not in plan, f"{name}:\n{plan}"

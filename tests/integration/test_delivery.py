@@ -20,7 +20,8 @@ from common.contracts import JobStatus
 from services.queue.app import create_app
 from services.queue.background import Reaper, Retention
 from services.queue.metrics import QueueMetrics
-from services.queue.repository import BACKOFF_CEILING_SQL, Backoff, FailEntry, JobRepository
+from services.queue.repository import FailEntry, JobRepository
+from services.queue.retry import BACKOFF_CEILING_SQL, Backoff
 from services.queue.settings import QueueSettings
 from tests.conftest import serving
 from tests.helpers import new_job

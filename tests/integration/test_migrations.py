@@ -82,7 +82,7 @@ async def test_tenants_migration_keeps_old_rows_and_the_previous_release_working
         postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"'
     )
     try:
-        migrate(url, "upgrade", "b7c41e9a3d20")
+        migrate(url, "upgrade", "5d2e8c71a4f9")
         connection = await asyncpg.connect(url)
         try:
             old = await connection.fetchval(_OLD_INSERT, "k")
@@ -109,7 +109,7 @@ async def test_tenants_migration_keeps_old_rows_and_the_previous_release_working
 
         # Two tenants share the key "k": going back to global keys must refuse, untouched.
         with pytest.raises(subprocess.CalledProcessError) as refused:
-            migrate(url, "downgrade", "b7c41e9a3d20")
+            migrate(url, "downgrade", "5d2e8c71a4f9")
         assert "uq_job_idempotency_key" in refused.value.stderr
         connection = await asyncpg.connect(url)
         try:

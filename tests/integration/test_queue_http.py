@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -200,3 +201,39 @@ async def test_deep_ack_result_is_stored_as_a_stub(client: httpx.AsyncClient) ->
     assert reply.status_code == 200, reply.text
     assert reply.json()["status"] == "COMPLETED"
     assert reply.json()["result"]["truncated"] is True
+
+
+async def _sample(client: httpx.AsyncClient, name: str) -> float:
+    text = (await client.get("/metrics")).text
+    match = re.search(rf"^{name} (\S+)$", text, flags=re.MULTILINE)
+    assert match, f"{name} not exported"
+    return float(match.group(1))
+
+
+async def test_depth_freshness_gauges_follow_the_refresh_loop(client: httpx.AsyncClient) -> None:
+    """The depth loop stamps both gauges with the Unix time of its last success (what the
+    staleness alerts compare with `time()`)."""
+
+    async def stamps() -> tuple[float, float]:
+        return (
+            await _sample(client, "jobq_depth_refresh_timestamp_seconds"),
+            await _sample(client, "jobq_depth_cache_write_timestamp_seconds"),
+        )
+
+    refreshed, written = await eventually(
+        stamps, lambda s: min(s) > 0, what="a depth refresh and a cache write"
+    )
+    # Unix seconds (not a monotonic clock reading): within a minute of the wall clock.
+    assert abs(time.time() - refreshed) < 60 and abs(time.time() - written) < 60
+
+
+def test_without_redis_the_cache_gauge_is_not_exported() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from services.queue.metrics import QueueMetrics
+
+    registry = CollectorRegistry()
+    QueueMetrics(registry, depth_cache=False)
+    text = generate_latest(registry).decode()
+    assert "jobq_depth_refresh_timestamp_seconds" in text
+    assert "jobq_depth_cache_write_timestamp_seconds" not in text

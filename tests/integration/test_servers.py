@@ -12,10 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -205,29 +202,6 @@ def test_a_failing_cluster_tool_is_reported_with_its_output(stubs: Stubs, isolat
     with pytest.raises(ServerUnavailable) as raised:
         ensure_postgres(isolated)
     assert "exited 1: Error: cluster configuration already exists" in str(raised.value)
-
-
-@pytest.fixture
-def private_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A state directory the postgres OS user can reach, and a cluster name of this test's
-    own; the cluster is dropped afterwards."""
-    monkeypatch.setattr(servers, "DEFAULT_PG_PORT", free_port())
-    monkeypatch.setattr(servers, "CLUSTER_NAME", f"jobq-test-{os.getpid()}")
-    monkeypatch.delenv("DATABASE_URL", raising=False)
-    state = Path(tempfile.mkdtemp(prefix="jobq-servers-test-", dir="/var/tmp"))
-    try:
-        yield state
-    finally:
-        env = {**os.environ, "PG_CLUSTER_CONF_ROOT": str(state / "clusters")}
-        listed = subprocess.run(
-            ["pg_lsclusters", "--json"], env=env, capture_output=True, text=True, check=True
-        )
-        for cluster in json.loads(listed.stdout or "[]"):
-            subprocess.run(
-                ["pg_dropcluster", "--stop", str(cluster["version"]), cluster["cluster"]],
-                env=env, check=True, capture_output=True,
-            )  # fmt: skip
-        shutil.rmtree(state)
 
 
 def test_a_real_throwaway_cluster_starts_answers_and_stops(private_cluster: Path) -> None:

