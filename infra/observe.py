@@ -250,6 +250,36 @@ class Observer:
             await asyncio.sleep(0.2)
 
 
+SERIES_SETTLE_SECONDS = 3.0
+"""Pause between the two waves of `exercise`: a few scrape intervals of the test Prometheus."""
+
+
+async def _wave(producer: httpx.AsyncClient, jobs: int, closed: int) -> None:
+    """`jobs` noop submits, a batch, sleep jobs, failing webhooks, a 422 and a 404."""
+    replies = [
+        await producer.post("/jobs", json={"taskType": "noop", "payload": {"i": i}})
+        for i in range(jobs)
+    ]
+    batch = [{"taskType": "noop", "payload": {"batch": i}} for i in range(5)]
+    replies.append(await producer.post("/jobs/batch", json={"jobs": batch}))
+    for _ in range(4):
+        sleep = {"taskType": "sleep", "payload": {"ms": 300}}
+        replies.append(await producer.post("/jobs", json=sleep))
+    for _ in range(3):
+        webhook = {
+            "taskType": "webhook",
+            "maxAttempts": 2,
+            "payload": {"url": f"http://127.0.0.1:{closed}/hook"},
+        }
+        replies.append(await producer.post("/jobs", json=webhook))
+    for reply in replies:
+        reply.raise_for_status()
+    invalid = await producer.post("/jobs", json={"taskType": "noop"})
+    missing = await producer.get("/jobs/00000000-0000-0000-0000-000000000000")
+    if (invalid.status_code, missing.status_code) != (422, 404):
+        raise RuntimeError(f"expected 422 and 404, got {invalid} and {missing}")
+
+
 async def exercise(stack: LocalStack, jobs: int = 40) -> None:
     """Drive every path the dashboard and the alerts read, through the real services:
 
@@ -261,28 +291,12 @@ async def exercise(stack: LocalStack, jobs: int = 40) -> None:
     """
     closed = free_port()
     async with httpx.AsyncClient(base_url=stack.producer, timeout=10) as producer:
-        replies = [
-            await producer.post("/jobs", json={"taskType": "noop", "payload": {"i": i}})
-            for i in range(jobs)
-        ]
-        batch = [{"taskType": "noop", "payload": {"batch": i}} for i in range(5)]
-        replies.append(await producer.post("/jobs/batch", json={"jobs": batch}))
-        for _ in range(4):
-            sleep = {"taskType": "sleep", "payload": {"ms": 300}}
-            replies.append(await producer.post("/jobs", json=sleep))
-        for _ in range(3):
-            webhook = {
-                "taskType": "webhook",
-                "maxAttempts": 2,
-                "payload": {"url": f"http://127.0.0.1:{closed}/hook"},
-            }
-            replies.append(await producer.post("/jobs", json=webhook))
-        for reply in replies:
-            reply.raise_for_status()
-        invalid = await producer.post("/jobs", json={"taskType": "noop"})
-        missing = await producer.get("/jobs/00000000-0000-0000-0000-000000000000")
-        if (invalid.status_code, missing.status_code) != (422, 404):
-            raise RuntimeError(f"expected 422 and 404, got {invalid} and {missing}")
+        # A first small wave creates every series, the second one moves them: a rate needs a
+        # counter seen before and after an increase, and the stack settles a wave faster than
+        # Prometheus scrapes.
+        await _wave(producer, 2, closed)
+        await asyncio.sleep(SERIES_SETTLE_SECONDS)
+        await _wave(producer, jobs, closed)
     headers = {"Authorization": f"Bearer {stack.internal_token}"}
     async with httpx.AsyncClient(base_url=stack.queue, headers=headers, timeout=10) as queue:
         for _ in range(2):

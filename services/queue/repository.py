@@ -57,17 +57,14 @@ INT_MAX = 2_147_483_647
 """Largest value of a PostgreSQL `integer`; counters stop there instead of overflowing."""
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    """A job one claim handed out: what the worker needs, nothing more.
-
-    `payload_json` is the payload's JSON text as stored, passed through to the worker without
-    being decoded and encoded again. `visibility_timeout` is in seconds.
-    """
+class Claimed(msgspec.Struct, rename="camel", frozen=True):
+    """A job one claim handed out, shaped as the `JobMessage` the worker receives: the payload
+    is the JSON text PostgreSQL stored (`msgspec.Raw`), passed through to the worker without
+    being decoded and encoded again. `visibility_timeout` is in seconds."""
 
     id: uuid.UUID
     task_type: str
-    payload_json: str
+    payload: msgspec.Raw
     attempts: int
     max_attempts: int
     timeout_seconds: int | None
@@ -683,7 +680,7 @@ def _claimed(rows: list[asyncpg.Record], visibility_timeout: int) -> list[Claime
         Claimed(
             id=row["id"],
             task_type=row["task_type"],
-            payload_json=row["payload_json"],
+            payload=msgspec.Raw(row["payload_json"].encode()),
             attempts=row["attempts"],
             max_attempts=row["max_attempts"],
             timeout_seconds=row["timeout_seconds"],

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -67,49 +66,15 @@ from services.queue.repository import Claimed
 from services.queue.service import QueueService
 
 
-class _ClaimedJob(msgspec.Struct, rename="camel"):
-    """A `JobMessage` on its way out, with the payload as the stored JSON text."""
-
-    id: uuid.UUID
-    task_type: str
-    payload: msgspec.Raw
-    attempts: int
-    max_attempts: int
-    timeout_seconds: int | None
-    receipt_handle: uuid.UUID
-    visibility_timeout: int
-    visible_at: datetime
-    idempotency_key: str | None
-
-
 class _ClaimReply(msgspec.Struct, omit_defaults=True):
-    jobs: list[_ClaimedJob]
+    jobs: Sequence[Claimed]
     acks: list[AckResult] = msgspec.field(default_factory=list)
 
 
 def encode_claimed(jobs: Sequence[Claimed], acks: list[AckResult]) -> bytes:
     """The `ClaimResponse` JSON for `jobs` and `acks`, each payload passed through as
     stored."""
-    return msgspec.json.encode(
-        _ClaimReply(
-            acks=acks,
-            jobs=[
-                _ClaimedJob(
-                    id=job.id,
-                    task_type=job.task_type,
-                    payload=msgspec.Raw(job.payload_json.encode()),
-                    attempts=job.attempts,
-                    max_attempts=job.max_attempts,
-                    timeout_seconds=job.timeout_seconds,
-                    receipt_handle=job.receipt_handle,
-                    visibility_timeout=job.visibility_timeout,
-                    visible_at=job.visible_at,
-                    idempotency_key=job.idempotency_key,
-                )
-                for job in jobs
-            ],
-        )
-    )
+    return msgspec.json.encode(_ClaimReply(jobs=jobs, acks=acks))
 
 
 class JobController(Controller):
