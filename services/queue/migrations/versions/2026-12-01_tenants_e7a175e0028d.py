@@ -16,6 +16,13 @@ Expand/contract, so the previous release keeps working while replicas roll:
   every job in `default`, where per-tenant uniqueness is the global uniqueness it expects; its
   `ON CONFLICT DO NOTHING` has no conflict target and works with either index.
 
+Beyond the schema: the previous release's submits, claims and settles keep working against
+this release's queue service (their shapes are unchanged; its submits land in `default`), but
+its producers, workers and `jobq.Client` refuse the job view this release returns, which has a
+new `tenant` field (wire structs reject unknown fields): upgrade the queue service and the
+producers together, or expect reads, cancels and retries through an old producer to fail until
+it is replaced.
+
 Downgrade restores the global unique index; it fails, changing nothing, while two tenants hold
 the same idempotency key (delete or rename one of them first).
 """
