@@ -12,7 +12,7 @@ from litestar.di import Provide
 from prometheus_client import CollectorRegistry
 
 from common import contracts
-from common.access import Caller, caller_of, role_guard
+from common.access import caller_of, role_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.http import QUEUE_SERVICE_CONNECTIONS, ServiceClient
 from common.http_metrics import HttpMetrics
@@ -29,7 +29,7 @@ from services.producer.admission import Admission, payload_checks
 from services.producer.client import QueueServiceClient
 from services.producer.limits import STORE_NAME, TenantWindow, create_store, request_rate_limit
 from services.producer.metrics import ProducerMetrics
-from services.producer.routes import JobController, redrive
+from services.producer.routes import JobController, Producer, redrive
 from services.producer.settings import ProducerSettings
 
 
@@ -73,13 +73,6 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
                 if redis_client is not None:
                     await redis_client.aclose()
 
-    def provide_queue(state: State) -> QueueServiceClient:
-        client: QueueServiceClient = state.queue
-        return client
-
-    def provide_caller(request: Request[Any, Any, Any]) -> Caller:
-        return caller_of(request)
-
     email_rate = settings.smtp_tenant_rate
     admission = Admission(
         payload_checks(settings.email_policy()),
@@ -87,17 +80,15 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         metrics,
     )
 
-    def provide_admission() -> Admission:
-        return admission
+    def provide_producer(request: Request[Any, Any, Any]) -> Producer:
+        # One dependency, not three: Litestar resolves sibling dependencies in a task group
+        # of their own, which cost more than this whole function.
+        return Producer(request.app.state.queue, caller_of(request), admission)
 
     app = Litestar(
         route_handlers=[JobController, redrive, ready, live, metrics_route(registry)],
         lifespan=[lifespan],
-        dependencies={
-            "queue_client": Provide(provide_queue, sync_to_thread=False),
-            "caller": Provide(provide_caller, sync_to_thread=False),
-            "admission": Provide(provide_admission, sync_to_thread=False),
-        },
+        dependencies={"producer": Provide(provide_producer, sync_to_thread=False)},
         exception_handlers=exception_handlers(),
         before_request=require_json_body,
         guards=[role_guard(keys)],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -42,6 +43,17 @@ from common.web import problems
 from services.producer.admission import Admission
 from services.producer.client import QueueServiceClient
 
+
+@dataclass(frozen=True, slots=True)
+class Producer:
+    """What a route works with: the queue service's client, the caller (its role and tenant)
+    and the admission rules for submits. One dependency, so Litestar resolves it inline."""
+
+    queue: QueueServiceClient
+    caller: Caller
+    admission: Admission
+
+
 RATE_LIMITED = 429
 """Any public route may answer it (docs/architecture.md#rate-limits)."""
 
@@ -68,9 +80,7 @@ class JobController(Controller):
     async def submit(
         self,
         data: JSONBody[SubmitJobRequest],
-        queue_client: NamedDependency[QueueServiceClient],
-        caller: NamedDependency[Caller],
-        admission: NamedDependency[Admission],
+        producer: NamedDependency[Producer],
     ) -> Response[SubmitJobResponse]:
         """Validate the job and hand it to the queue service (group-committed with concurrent
         submits; the reply comes after the insert committed). The caller's tenant owns it.
@@ -78,10 +88,10 @@ class JobController(Controller):
         The job id is minted here, once, so a retried forward is a replay, never a duplicate.
         """
         size = check_payload(data.payload)
-        await admission.admit(caller, data)
+        await producer.admission.admit(producer.caller, data)
         fields = msgspec.structs.asdict(data)
-        reply, created = await queue_client.submit(
-            EnqueueRequest(**fields, job_id=new_job_id(), tenant=caller.owner), size
+        reply, created = await producer.queue.submit(
+            EnqueueRequest(**fields, job_id=new_job_id(), tenant=producer.caller.owner), size
         )
         return Response(
             reply,
@@ -99,9 +109,7 @@ class JobController(Controller):
     async def submit_batch(
         self,
         data: JSONBody[BatchSubmitRequest],
-        queue_client: NamedDependency[QueueServiceClient],
-        caller: NamedDependency[Caller],
-        admission: NamedDependency[Admission],
+        producer: NamedDependency[Producer],
     ) -> BatchSubmitResponse:
         """Each entry is validated on its own and answered in order: 202 created, 200 replay
         (also a key repeated within the batch), 409, 413, 422 or 429 with problem details."""
@@ -109,7 +117,9 @@ class JobController(Controller):
         for index, candidate in enumerate(decode_entries(data.jobs, SubmitJobRequest)):
             if not isinstance(candidate, JobqError):
                 try:
-                    await admission.admit(caller, candidate, f"/jobs/{index}/payload")
+                    await producer.admission.admit(
+                        producer.caller, candidate, f"/jobs/{index}/payload"
+                    )
                 except JobqError as exc:
                     candidate = exc
             decoded.append(candidate)
@@ -118,11 +128,13 @@ class JobController(Controller):
         if valid:
             forwarded = [
                 EnqueueRequest(
-                    **msgspec.structs.asdict(request), job_id=new_job_id(), tenant=caller.owner
+                    **msgspec.structs.asdict(request),
+                    job_id=new_job_id(),
+                    tenant=producer.caller.owner,
                 )
                 for request in valid
             ]
-            reply = await queue_client.submit_batch(forwarded)
+            reply = await producer.queue.submit_batch(forwarded)
             for entry in reply.results:
                 results.append(msgspec.structs.replace(entry, index=indexes[entry.index]))
         return BatchSubmitResponse(results=sorted(results, key=lambda r: r.index))
@@ -135,8 +147,7 @@ class JobController(Controller):
     )
     async def list_jobs(
         self,
-        queue_client: NamedDependency[QueueServiceClient],
-        caller: NamedDependency[Caller],
+        producer: NamedDependency[Producer],
         request: Request[Any, Any, Any],
         status: StatusFilter = None,
         queue: QueueFilter = None,
@@ -154,22 +165,21 @@ class JobController(Controller):
             ("queue", queue),
             ("taskType", task_type),
             ("cursor", cursor),
-            ("tenant", caller.scope),
+            ("tenant", producer.caller.scope),
         )
         for name, value in wanted:
             if value is not None:
                 params[name] = str(value)
-        return await queue_client.list_jobs(params)
+        return await producer.queue.list_jobs(params)
 
     @get("/{job_id:uuid}", summary="Read a job", responses=problems(404, RATE_LIMITED))
     async def read(
         self,
         job_id: FromPath[uuid.UUID],
-        queue_client: NamedDependency[QueueServiceClient],
-        caller: NamedDependency[Caller],
+        producer: NamedDependency[Producer],
     ) -> JobView:
         """The job's full view; another tenant's job is a 404, like a missing one."""
-        return await queue_client.get(job_id, caller.scope)
+        return await producer.queue.get(job_id, producer.caller.scope)
 
     @post(
         "/{job_id:uuid}/cancel",
@@ -181,12 +191,11 @@ class JobController(Controller):
     async def cancel(
         self,
         job_id: FromPath[uuid.UUID],
-        queue_client: NamedDependency[QueueServiceClient],
-        caller: NamedDependency[Caller],
+        producer: NamedDependency[Producer],
     ) -> JobView:
         """PENDING/SCHEDULED → CANCELLED at once; PROCESSING → the worker is asked to stop and
         the job ends CANCELLED when it confirms; 409 when the job already finished."""
-        return await queue_client.act(job_id, "cancel", caller.scope)
+        return await producer.queue.act(job_id, "cancel", producer.caller.scope)
 
     @post(
         "/{job_id:uuid}/retry",
@@ -198,11 +207,10 @@ class JobController(Controller):
     async def retry(
         self,
         job_id: FromPath[uuid.UUID],
-        queue_client: NamedDependency[QueueServiceClient],
-        caller: NamedDependency[Caller],
+        producer: NamedDependency[Producer],
     ) -> JobView:
         """DEAD_LETTER/CANCELLED → PENDING with attempts and releases reset; 409 otherwise."""
-        return await queue_client.act(job_id, "retry", caller.scope)
+        return await producer.queue.act(job_id, "retry", producer.caller.scope)
 
 
 @post(
@@ -216,9 +224,8 @@ class JobController(Controller):
 )
 async def redrive(
     data: JSONBody[RedriveRequest],
-    queue_client: NamedDependency[QueueServiceClient],
-    caller: NamedDependency[Caller],
+    producer: NamedDependency[Producer],
 ) -> RedriveResponse:
     """Move the caller's tenant's dead-lettered jobs (optionally of one queue and task type)
     back to PENDING; an admin of `*` moves every tenant's."""
-    return await queue_client.redrive(data, caller.scope)
+    return await producer.queue.redrive(data, producer.caller.scope)
