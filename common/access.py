@@ -1,17 +1,32 @@
-"""Bearer-token access (docs/architecture.md#access): API keys with roles on the producer, one token
-on the queue service. Tokens are compared in constant time and never logged."""
+"""Bearer-token access (docs/architecture.md#access): API keys with a role and a tenant on the
+producer, one token on the queue service. Tokens are never logged, and checking one reveals
+nothing about the keys through timing.
+
+Every API key belongs to a tenant (docs/architecture.md#tenants). Its jobs record that tenant;
+reads, cancels, retries, listings and redrives see that tenant's jobs only, and an admin key
+of the tenant `*` sees every tenant's.
+"""
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import hmac
-from collections.abc import Awaitable, Callable
+import ipaddress
+import logging
+import re
+import sys
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
+from common.contracts import NAME_PATTERN
 from common.errors import Forbidden, Unauthorized
+
+logger = logging.getLogger(__name__)
 
 PROBE_PATHS = ("/health/live", "/health/ready", "/metrics")
 """Paths every service serves without credentials: probes and scrapes."""
@@ -19,6 +34,13 @@ PROBE_PATHS = ("/health/live", "/health/ready", "/metrics")
 Guard = Callable[[ASGIConnection[Any, Any, Any, Any], BaseRouteHandler], Awaitable[None]]
 """Guards are coroutines: Litestar runs synchronous guards on a thread pool, which costs more
 than a constant-time compare."""
+
+ALL_TENANTS = "*"
+"""The tenant of an admin key that sees every tenant's jobs."""
+DEFAULT_TENANT = "default"
+"""The tenant of keys given as `role:key`, of jobs made without a tenant (recurring jobs, the
+client library's default) and of jobs a global admin submits."""
+_TENANT = re.compile(NAME_PATTERN)
 
 
 class Role(enum.StrEnum):
@@ -28,30 +50,118 @@ class Role(enum.StrEnum):
     ADMIN = "admin"
 
 
-def parse_api_keys(spec: str) -> dict[str, Role]:
-    """Parse `JOBQ_API_KEYS` (`role:key,role:key`) into {key: role}.
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a request: the key's role and tenant (a tenant name, or `*` for all)."""
 
-    Raises ValueError (naming no key) for an unknown role, a key shorter than 16 characters,
-    or a key listed twice.
+    role: Role
+    tenant: str
+
+    @property
+    def scope(self) -> str | None:
+        """The tenant whose jobs this caller may see, None for every tenant."""
+        return None if self.tenant == ALL_TENANTS else self.tenant
+
+    @property
+    def owner(self) -> str:
+        """The tenant that owns the jobs this caller submits."""
+        return DEFAULT_TENANT if self.tenant == ALL_TENANTS else self.tenant
+
+
+OPEN_ACCESS = Caller(Role.ADMIN, ALL_TENANTS)
+"""The caller of every request when no key is configured (development only)."""
+
+
+def _parse_entry(entry: str, where: str) -> tuple[str, Caller]:
+    role, _, rest = entry.partition(":")
+    if role not in Role.__members__.values():
+        raise ValueError(f"{where}: expected role:tenant:key or role:key, role submit or admin")
+    tenant, sep, key = rest.partition(":")
+    if not sep or not (tenant == ALL_TENANTS or _TENANT.match(tenant)):
+        # `role:key`: the old form, whose key may itself contain a colon.
+        tenant, key = DEFAULT_TENANT, rest
+    if tenant == ALL_TENANTS and role != Role.ADMIN:
+        raise ValueError(f"{where}: only admin keys may have the tenant *")
+    if len(key) < 16 or any(c.isspace() for c in key):
+        raise ValueError(f"{where}: keys need 16+ characters and no spaces")
+    return key, Caller(Role(role), tenant)
+
+
+def parse_api_keys(spec: str, source: str = "entry") -> dict[str, Caller]:
+    """Parse API key entries into {key: Caller}.
+
+    `spec` holds entries separated by commas or newlines: `role:tenant:key` (tenant a name
+    like a queue's, or `*` for an admin of every tenant) or the older `role:key` (tenant
+    `default`). In a keys file, blank lines and lines starting with `#` are skipped. `source`
+    names the entries in errors (`JOBQ_API_KEYS entry 2`).
+
+    Raises ValueError (naming no key) for an unknown role, a bad tenant, a key shorter than 16
+    characters, or a key listed twice.
     """
-    keys: dict[str, Role] = {}
-    for index, entry in enumerate(part.strip() for part in spec.split(",") if part.strip()):
-        role, sep, key = entry.partition(":")
-        if not sep or role not in Role.__members__.values():
-            raise ValueError(f"entry {index + 1}: expected role:key with role submit or admin")
-        if len(key) < 16 or any(c.isspace() for c in key):
-            raise ValueError(f"entry {index + 1}: keys need 16+ characters and no spaces")
+    keys: dict[str, Caller] = {}
+    lines = (line.strip() for line in spec.replace(",", "\n").splitlines())
+    entries = [line for line in lines if line and not line.startswith("#")]
+    for index, entry in enumerate(entries):
+        key, caller = _parse_entry(entry, f"{source} {index + 1}")
         if key in keys:
-            raise ValueError(f"entry {index + 1}: the same key is listed twice")
-        keys[key] = Role(role)
+            raise ValueError(f"{source} {index + 1}: the same key is listed twice")
+        keys[key] = caller
     return keys
 
 
-def _bearer(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
+class ApiKeys:
+    """The configured API keys, looked up by the SHA-256 digest of a presented token.
+
+    A dictionary lookup by digest costs the same for one key or a hundred thousand, and its
+    timing can only tell an attacker about digests, never about a key (the "store a hash of
+    the key" advice of OWASP's API security guidance). An empty set means open access.
+    """
+
+    def __init__(self, keys: dict[str, Caller]) -> None:
+        self._by_digest = {_digest(key): caller for key, caller in keys.items()}
+
+    @classmethod
+    def merge(cls, *sources: dict[str, Caller]) -> ApiKeys:
+        """One set from several parsed sources; raises ValueError for a key in two of them."""
+        merged: dict[str, Caller] = {}
+        for source in sources:
+            if merged.keys() & source.keys():
+                raise ValueError("the same key is listed in JOBQ_API_KEYS and the keys file")
+            merged.update(source)
+        return cls(merged)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_digest)
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+    def resolve(self, token: str) -> Caller | None:
+        """The caller `token` identifies, or None for an unknown token."""
+        return self._by_digest.get(_digest(token))
+
+    def tenants(self) -> set[str]:
+        """Every tenant a key names (`*` included)."""
+        return {caller.tenant for caller in self._by_digest.values()}
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def bearer_token(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, or None."""
     scheme, _, token = connection.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized("send Authorization: Bearer <key>")
+        return None
     return token.strip()
+
+
+def _bearer(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
+    token = bearer_token(connection)
+    if token is None:
+        raise Unauthorized("send Authorization: Bearer <key>")
+    return token
 
 
 def _is_public(connection: ASGIConnection[Any, Any, Any, Any], *, schema: bool) -> bool:
@@ -61,46 +171,97 @@ def _is_public(connection: ASGIConnection[Any, Any, Any, Any], *, schema: bool) 
     return schema and (path == "/schema" or path.startswith("/schema/"))
 
 
-def _match(token: str, candidates: dict[str, Role]) -> Role | None:
-    # Compare against every key so timing reveals neither the key nor which one matched.
-    found: Role | None = None
-    for key, role in candidates.items():
-        if hmac.compare_digest(token.encode(), key.encode()):
-            found = role
-    return found
-
-
 ADMIN_ONLY = {"role": Role.ADMIN}
 """`opt` for a route handler that needs an admin key; other routes need a submit key."""
 
 
-def role_guard(keys: dict[str, Role]) -> Guard:
+def caller_of(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:
+    """The caller `role_guard` identified for this request."""
+    caller: Caller = connection.state.caller
+    return caller
+
+
+def role_guard(keys: ApiKeys) -> Guard:
     """A Litestar guard: 401 without a known key, 403 when the handler's `opt["role"]` is
-    admin and the key's is not. With no keys configured, access is open (development)."""
+    admin and the key's is not. It records the `Caller` for `caller_of`. With no keys
+    configured, access is open (development) and every caller is a global admin."""
 
     async def guard(
         connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
     ) -> None:
-        # The public API's description is public; the internal one is not.
-        if not keys or _is_public(connection, schema=True):
+        if not keys:
+            connection.state.caller = OPEN_ACCESS
             return
-        role = _match(_bearer(connection), keys)
-        if role is None:
+        # The public API's description is public; the internal one is not.
+        if _is_public(connection, schema=True):
+            return
+        caller = keys.resolve(_bearer(connection))
+        if caller is None:
             raise Unauthorized("unknown API key")
-        if handler.opt.get("role") is Role.ADMIN and role is not Role.ADMIN:
+        if handler.opt.get("role") is Role.ADMIN and caller.role is not Role.ADMIN:
             raise Forbidden("this operation needs an admin key")
+        connection.state.caller = caller
 
     return guard
 
 
 def token_guard(token: str | None) -> Guard:
     """A Litestar guard for the queue service: every route but health and metrics needs
-    `Authorization: Bearer <QUEUE_INTERNAL_TOKEN>` once it is set (docs/architecture.md#access)."""
+    `Authorization: Bearer <QUEUE_INTERNAL_TOKEN>` once it is set (docs/architecture.md#access).
+
+    Health and metrics need no token, but a wrong one presented there is refused too (401), so
+    a caller holding a wrong token finds out from its readiness probe."""
+    expected = token.encode() if token is not None else None
 
     async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-        if token is None or _is_public(connection, schema=False):
+        if expected is None:
             return
-        if _match(_bearer(connection), {token: Role.ADMIN}) is None:
+        presented = bearer_token(connection)
+        if presented is None and _is_public(connection, schema=False):
+            return
+        if presented is None:
+            raise Unauthorized("send Authorization: Bearer <key>")
+        if not hmac.compare_digest(presented.encode(), expected):
             raise Unauthorized("unknown internal token")
 
     return guard
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps a service reachable from this machine only."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_open_access(
+    service: str, host: str, unset: Iterable[str], *, insecure_allowed: bool
+) -> None:
+    """Fail closed (docs/architecture.md#access): a service whose credentials (`unset`, the
+    variable names) are not configured runs open, which is allowed only on a loopback bind or
+    with `JOBQ_INSECURE_OPEN_ACCESS=1`. Logs a WARNING whenever it runs open; raises
+    SystemExit(2) with the reason when it must not start."""
+    missing = list(unset)
+    if not missing:
+        return
+    names = " and ".join(missing)
+    if is_loopback(host) or insecure_allowed:
+        why = "JOBQ_INSECURE_OPEN_ACCESS=1" if not is_loopback(host) else "a loopback bind"
+        logger.warning(
+            "%s runs with open access: %s unset (allowed by %s); never expose it like this",
+            service,
+            names,
+            why,
+            extra={"event": "open_access"},
+        )
+        return
+    message = (
+        f"jobq: {service} refuses to listen on {host} with open access: set {names}, bind "
+        "127.0.0.1, or set JOBQ_INSECURE_OPEN_ACCESS=1 to run open on purpose"
+    )
+    logger.error(message, extra={"event": "open_access_refused"})
+    print(message, file=sys.stderr)
+    raise SystemExit(2)

@@ -67,7 +67,7 @@ IdempotencyKey = Annotated[
         min_length=1,
         max_length=IDEMPOTENCY_KEY_MAX_BYTES,
         pattern=r"^[\x20-\x7e]+(?!\n)$",
-        description="Printable ASCII, 1..255 bytes; global, lives as long as its job.",
+        description="Printable ASCII, 1..255 bytes; unique per tenant, lives as long as its job.",
     ),
 ]
 WorkerName = Annotated[
@@ -120,12 +120,20 @@ class SubmitJobRequest(_Wire):
 
 
 class EnqueueRequest(SubmitJobRequest):
-    """`POST /jobs` body on the queue service: the producer's request plus the id it minted.
+    """`POST /jobs` body on the queue service: the producer's request plus the id it minted
+    and the tenant that owns the job (docs/architecture.md#tenants; default `default`).
 
     Carrying the id makes a retried forward a replay of the same job, never a duplicate.
     """
 
     job_id: uuid.UUID | None = None
+    tenant: Annotated[
+        str,
+        Meta(
+            pattern=NAME_PATTERN,
+            description="The tenant that owns the job; idempotency keys are unique per tenant.",
+        ),
+    ] = "default"
 
 
 class BatchSubmitRequest(_Wire):
@@ -144,7 +152,8 @@ class BatchSubmitRequest(_Wire):
 
 class BatchEntryResult(_Wire, omit_defaults=True):
     """One entry's outcome, in request order: `status` 202 (created), 200 (replay, including
-    a repeated idempotency key within the batch), 409, 413 or 422 with `error` problem details."""
+    a repeated idempotency key within the batch), 409, 413, 422 or 429 (the tenant's email
+    rate) with `error` problem details."""
 
     index: int
     status: int
@@ -178,6 +187,7 @@ class JobView(_Wire):
     """Everything known about a job, as `GET /jobs/{id}` returns it."""
 
     id: uuid.UUID
+    tenant: str
     queue: str
     task_type: str
     payload: dict[str, Any]

@@ -26,12 +26,13 @@ _ENQUEUE = """
 WITH incoming AS (
     SELECT * FROM jsonb_to_recordset(CAST(CAST({rows} AS text) AS jsonb)) AS j(
         id uuid, queue text, task_type text, payload jsonb, priority int, delay float8,
-        max_attempts int, timeout_seconds int, idempotency_key text, request_hash text)
+        max_attempts int, timeout_seconds int, idempotency_key text, request_hash text,
+        tenant text)
 ), inserted AS (
-    INSERT INTO job (id, queue, task_type, payload, status, priority, max_attempts,
+    INSERT INTO job (id, tenant, queue, task_type, payload, status, priority, max_attempts,
                      timeout_seconds, visible_at, ready_at, idempotency_key, request_hash,
                      created_at, updated_at)
-    SELECT id, queue, task_type, payload,
+    SELECT id, COALESCE(tenant, 'default'), queue, task_type, payload,
            CASE WHEN delay > 0 THEN 'SCHEDULED' ELSE 'PENDING' END,
            priority, max_attempts, timeout_seconds,
            statement_timestamp() + make_interval(secs => delay),
@@ -41,9 +42,10 @@ WITH incoming AS (
     FROM incoming
     -- One global order for the unique-index entries: concurrent batches sharing keys then
     -- wait for each other instead of deadlocking.
-    ORDER BY idempotency_key, id
-    -- No conflict target: a collision on the id (a replayed forward) or on the idempotency key
-    -- both mean "this job may exist already", which the caller resolves by reading it.
+    ORDER BY tenant, idempotency_key, id
+    -- No conflict target: a collision on the id (a replayed forward) or on the tenant's
+    -- idempotency key both mean "this job may exist already", which the caller resolves by
+    -- reading it.
     ON CONFLICT DO NOTHING
     RETURNING id, queue, task_type, status
 ), woken AS (
@@ -60,20 +62,23 @@ ENQUEUE_ASYNCPG = _ENQUEUE.format(rows="$1", channel=WAKEUP_CHANNEL)
 ENQUEUE_NAMED = _ENQUEUE.format(rows=":rows", channel=WAKEUP_CHANNEL)
 """The enqueue statement with a named `:rows` parameter (SQLAlchemy `text()`)."""
 
+# Idempotency keys are unique per tenant: only the same tenant's key is a collision.
 _FIND_EXISTING = """
-SELECT id, status, request_hash FROM job
-WHERE id = {id} OR ({key} IS NOT NULL AND idempotency_key = {key})
+SELECT id, status, request_hash, tenant FROM job
+WHERE id = {id} OR ({key} IS NOT NULL AND tenant = {tenant} AND idempotency_key = {key})
 ORDER BY (id = {id}) DESC
 LIMIT 1
 """
 
-FIND_EXISTING_ASYNCPG = _FIND_EXISTING.format(id="$1::uuid", key="$2::text")
-FIND_EXISTING_NAMED = _FIND_EXISTING.format(id="CAST(:id AS uuid)", key="CAST(:key AS text)")
+FIND_EXISTING_ASYNCPG = _FIND_EXISTING.format(id="$1::uuid", key="$2::text", tenant="$3::text")
+FIND_EXISTING_NAMED = _FIND_EXISTING.format(
+    id="CAST(:id AS uuid)", key="CAST(:key AS text)", tenant="CAST(:tenant AS text)"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class JobRow:
-    """One job as the enqueue statement takes it; `delay` in seconds."""
+    """One job as the enqueue statement takes it; `delay` in seconds; `tenant` owns it."""
 
     id: uuid.UUID
     queue: str
@@ -85,11 +90,17 @@ class JobRow:
     timeout_seconds: int | None
     idempotency_key: str | None
     request_hash: str
+    tenant: str = "default"
 
 
-def job_row(request: SubmitJobRequest, job_id: uuid.UUID, default_max_attempts: int) -> JobRow:
-    """The row for a validated request; `default_max_attempts` fills an omitted maxAttempts
-    (the hash still treats it as omitted)."""
+def job_row(
+    request: SubmitJobRequest,
+    job_id: uuid.UUID,
+    default_max_attempts: int,
+    tenant: str = "default",
+) -> JobRow:
+    """The row for a validated request, owned by `tenant`; `default_max_attempts` fills an
+    omitted maxAttempts (the hash still treats it as omitted)."""
     return JobRow(
         id=job_id,
         queue=request.queue,
@@ -101,6 +112,7 @@ def job_row(request: SubmitJobRequest, job_id: uuid.UUID, default_max_attempts: 
         timeout_seconds=request.timeout_seconds,
         idempotency_key=request.idempotency_key,
         request_hash=request_hash(request),
+        tenant=tenant,
     )
 
 
@@ -121,8 +133,9 @@ class Inserted:
 
 @dataclass(frozen=True, slots=True)
 class Existing:
-    """The job an insert collided with (same id or same idempotency key)."""
+    """The job an insert collided with (same id, or the same tenant's idempotency key)."""
 
     id: uuid.UUID
     status: JobStatus
     request_hash: str | None
+    tenant: str

@@ -121,12 +121,39 @@ class InvalidState(JobqError):
     title = "Operation not allowed in the job's state"
 
 
+class RateLimited(JobqError):
+    """Too many requests (429): the caller's tenant used up its rate; `retry_after` seconds
+    until the window resets, sent as `Retry-After`."""
+
+    status = 429
+    slug = "rate-limited"
+    title = "Too many requests"
+
+    def __init__(
+        self,
+        detail: str = "",
+        *,
+        errors: list[dict[str, str]] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(detail, errors=errors)
+        self.retry_after = retry_after
+
+
 class ServiceUnavailable(JobqError):
     """A dependency (the queue service, PostgreSQL) cannot be reached right now (503)."""
 
     status = 503
     slug = "service-unavailable"
     title = "Service unavailable"
+
+
+class UpstreamMisconfigured(ServiceUnavailable):
+    """A jobq service refused this service's own credentials (503): an operator must fix the
+    configuration (`QUEUE_INTERNAL_TOKEN`); callers are told no more than that."""
+
+    slug = "upstream-misconfigured"
+    title = "Upstream misconfigured"
 
 
 _BY_SLUG: dict[str, type[JobqError]] = {
@@ -142,7 +169,9 @@ _BY_SLUG: dict[str, type[JobqError]] = {
         StaleReceiptHandle,
         IdempotencyConflict,
         InvalidState,
+        RateLimited,
         ServiceUnavailable,
+        UpstreamMisconfigured,
     )
 }
 
@@ -155,6 +184,7 @@ _BY_STATUS: dict[int, type[JobqError]] = {
     404: JobNotFound,
     413: PayloadTooLarge,
     422: InvalidInput,
+    429: RateLimited,
     502: ServiceUnavailable,
     503: ServiceUnavailable,
     504: ServiceUnavailable,

@@ -31,13 +31,26 @@ Limit = Annotated[
     ),
 ]
 
-LIST_PARAMETERS = frozenset({"status", "queue", "taskType", "cursor", "limit"})
+TenantScope = Annotated[
+    str | None,
+    QueryParameter(
+        pattern=NAME_PATTERN,
+        description="Only this tenant's jobs (another tenant's job is a 404); omitted: every "
+        "tenant's. The producer sends its caller's tenant.",
+    ),
+]
+"""The queue service's tenant scope (docs/architecture.md#tenants), on every route that reads
+or changes jobs by id or filter."""
+
+LIST_PARAMETERS = frozenset({"status", "queue", "taskType", "cursor", "limit", "tenant"})
 
 
-def refuse_unknown_parameters(request: Request[Any, Any, Any]) -> None:
-    """Raise InvalidInput for a query parameter `GET /jobs` does not know: a typo such as
-    `task_type` must not silently return an unfiltered list."""
-    unknown = sorted(set(request.query_params) - LIST_PARAMETERS)
+def refuse_unknown_parameters(
+    request: Request[Any, Any, Any], known: frozenset[str] = LIST_PARAMETERS
+) -> None:
+    """Raise InvalidInput for a query parameter `GET /jobs` does not know (`known`): a typo
+    such as `task_type` must not silently return an unfiltered list."""
+    unknown = sorted(set(request.query_params) - known)
     if unknown:
         raise InvalidInput(
             f"unknown query parameter(s): {', '.join(unknown)}",

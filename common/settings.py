@@ -13,11 +13,23 @@ import re
 import sys
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BeforeValidator, Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from common.mail import EmailPolicy
+from common.serving import ServerLimits
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*$")
+_SIZE_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, None: 1}
 
 
 def parse_duration(value: object) -> float:
@@ -41,8 +53,68 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
+def parse_size(value: object) -> int:
+    """Parse `262144`, `256KiB` or `8MiB` into bytes (int ≥ 0); raises ValueError otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ValueError(f"{value!r} is not a size: use bytes (1024) or a unit (256KiB, 8MiB)")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+RateUnit = Literal["second", "minute", "hour", "day"]
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour|d|day)\s*$")
+_RATE_UNITS: dict[str, RateUnit] = {
+    "s": "second",
+    "sec": "second",
+    "second": "second",
+    "m": "minute",
+    "min": "minute",
+    "minute": "minute",
+    "h": "hour",
+    "hour": "hour",
+    "d": "day",
+    "day": "day",
+}
+
+
+def parse_rate(value: object) -> tuple[RateUnit, int] | None:
+    """Parse a rate such as `100/second`, `6000/minute` or `50/h` into (unit, count); an
+    empty value, `0` or `off` is None (no limit).
+
+    Raises ValueError for anything else, including a count of 0 with a unit.
+    """
+    if value is None or (isinstance(value, tuple) and len(value) == 2):
+        return value
+    text = str(value).strip().lower()
+    if text in ("", "0", "off"):
+        return None
+    match = _RATE.match(text)
+    if not match or int(match.group(1)) < 1:
+        raise ValueError(f"{value!r} is not a rate: use <count>/<second|minute|hour|day>, or off")
+    return _RATE_UNITS[match.group(2)], int(match.group(1))
+
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 """A duration in seconds, accepting the unit suffixes of `parse_duration`."""
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+"""A size in bytes, accepting `KiB`/`MiB`/`GiB`."""
+
+Rate = Annotated[tuple[RateUnit, int] | None, NoDecode, BeforeValidator(parse_rate)]
+"""A rate limit as (unit, count), or None for none; see `parse_rate`."""
+
+
+def split_commas(value: object) -> object:
+    """`a, b,,c` → ["a", "b", "c"]; anything but a string passes unchanged."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(split_commas)]
+"""A list setting written comma-separated (`WORKER_QUEUES=default,email`)."""
 
 Port = Annotated[int, Field(ge=0, le=65535)]
 
@@ -57,6 +129,53 @@ class BaseServiceSettings(BaseSettings):
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
+
+
+class HttpServiceSettings(BaseServiceSettings):
+    """Settings of the HTTP services (producer, queue service): connection, time and size
+    limits of their HTTP server (docs/architecture.md#connection-limits), and the switch that
+    lets them run open on a non-loopback address (docs/architecture.md#access)."""
+
+    http_max_connections: int = Field(default=2048, ge=1, le=1_000_000)
+    http_keep_alive_timeout: Duration = 5.0
+    http_header_timeout: Duration = 10.0
+    http_body_timeout: Duration = 30.0
+    http_max_header_bytes: Size = Field(default=64 * 1024, ge=1024)
+    jobq_insecure_open_access: bool = False
+
+    @field_validator("http_keep_alive_timeout", "http_header_timeout", "http_body_timeout")
+    @classmethod
+    def _positive_timeout(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("a timeout must be greater than zero")
+        return value
+
+    def server_limits(self) -> ServerLimits:
+        """The HTTP server limits these settings describe."""
+        return ServerLimits(
+            max_connections=self.http_max_connections,
+            keep_alive_timeout=self.http_keep_alive_timeout,
+            header_timeout=self.http_header_timeout,
+            body_timeout=self.http_body_timeout,
+            max_header_bytes=self.http_max_header_bytes,
+        )
+
+
+class EmailPolicySettings(BaseServiceSettings):
+    """Who email jobs may name as sender and send to (docs/architecture.md#email), read by
+    the producer (checked at submit) and the worker (checked again before sending)."""
+
+    smtp_allowed_senders: CommaList = []
+    smtp_allowed_recipient_domains: CommaList = []
+
+    @model_validator(mode="after")
+    def _valid_policy(self) -> EmailPolicySettings:
+        self.email_policy()
+        return self
+
+    def email_policy(self) -> EmailPolicy:
+        """The policy these settings describe; raises ValueError for a bad entry."""
+        return EmailPolicy.of(self.smtp_allowed_senders, self.smtp_allowed_recipient_domains)
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseServiceSettings)

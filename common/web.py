@@ -8,6 +8,7 @@ has the same shape, and a 500 never leaks internals.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Callable
 from types import ModuleType
@@ -17,13 +18,21 @@ import msgspec
 from litestar import Litestar, MediaType, Request, Response, get
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.handlers import HTTPRouteHandler
+from litestar.openapi import OpenAPIConfig
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.openapi.spec import Schema
+from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.openapi.spec import Components, Schema, SecurityScheme
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from common.contracts import REQUEST_BODY_MAX_BYTES
-from common.errors import InvalidInput, JobqError, MalformedRequest, PayloadTooLarge
+from common.errors import (
+    InvalidInput,
+    JobqError,
+    MalformedRequest,
+    PayloadTooLarge,
+    RateLimited,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -95,13 +104,18 @@ def _validation_to_error(exc: ValidationException) -> JobqError:
     return InvalidInput(summary, errors=errors)
 
 
-def problem_response(error: JobqError, request: Request[Any, Any, Any]) -> Response[Any]:
-    """Render `error` as an `application/problem+json` response."""
-    headers = None
+def problem_response(
+    error: JobqError, request: Request[Any, Any, Any], headers: dict[str, str] | None = None
+) -> Response[Any]:
+    """Render `error` as an `application/problem+json` response, with `headers` and those its
+    status calls for (`Retry-After` on 503 and 429, `WWW-Authenticate` on 401)."""
+    headers = dict(headers or {})
     if error.status == 503:
-        headers = {"Retry-After": "1"}
+        headers["Retry-After"] = "1"
     elif error.status == 401:
-        headers = {"WWW-Authenticate": 'Bearer realm="jobq"'}
+        headers["WWW-Authenticate"] = 'Bearer realm="jobq"'
+    elif isinstance(error, RateLimited) and error.retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
     return Response(
         content=error.to_problem(instance=request.url.path),
         status_code=error.status,
@@ -124,9 +138,21 @@ class _HttpProblem(JobqError):
     """An HTTP error raised by the framework itself (404, 405, 413, 415, …)."""
 
 
+_CLIENT_GONE = "client disconnected prematurely"
+"""Litestar's detail when the client went away while its body was read (no server error)."""
+
+
 def _http_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     assert isinstance(exc, HTTPException)
-    if exc.status_code >= 500:
+    if exc.status_code >= 500 and exc.detail == _CLIENT_GONE:
+        # Nobody reads this reply; the server closed the connection or the client left.
+        logger.info(
+            "client left while sending %s %s",
+            request.method,
+            request.url.path,
+            extra={"event": "client_disconnected"},
+        )
+    elif exc.status_code >= 500:
         logger.error(
             "server error on %s %s: %s",
             request.method,
@@ -141,6 +167,15 @@ def _http_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[A
     if exc.status_code == 413:
         limit = f"the request body exceeds {REQUEST_BODY_MAX_BYTES} bytes"
         return problem_response(PayloadTooLarge(limit), request)
+    if exc.status_code == 429:
+        # Litestar's rate-limit middleware: its RateLimit-* headers, and Retry-After.
+        headers = dict(exc.headers or {})
+        reset = headers.get("RateLimit-Reset", "")
+        limited = RateLimited(
+            "this tenant's request rate is used up; retry after Retry-After seconds",
+            retry_after=float(reset) if reset.isdigit() else None,
+        )
+        return problem_response(limited, request, headers)
     error = _HttpProblem(str(exc.detail))
     body = {
         "type": "about:blank",
@@ -179,6 +214,27 @@ def exception_handlers() -> dict[type[Exception] | int, Callable[..., Response[A
         RecursionError: _too_deep_handler,
         Exception: _crash_handler,
     }
+
+
+def openapi_config(title: str, credential: str) -> OpenAPIConfig:
+    """The OpenAPI document at `/schema/openapi.json` (and `/schema`), declaring the bearer
+    security scheme every documented route uses; `credential` says which token it is.
+
+    No documentation UI is served: Litestar's UIs load their scripts from public CDNs, which a
+    service should not make its users' browsers fetch. Open the document (or the committed
+    `openapi/*.json`) in any OpenAPI viewer instead."""
+    return OpenAPIConfig(
+        title=title,
+        version="0.1.0",
+        path="/schema",
+        render_plugins=[JsonRenderPlugin()],
+        components=Components(
+            security_schemes={
+                "bearer": SecurityScheme(type="http", scheme="bearer", description=credential)
+            }
+        ),
+        security=[{"bearer": []}],
+    )
 
 
 def metrics_route(registry: CollectorRegistry) -> HTTPRouteHandler:
@@ -254,6 +310,7 @@ _PROBLEM_DESCRIPTIONS = {
     413: "Body or payload too large",
     415: "The body is not application/json",
     422: "A bound was broken; `errors` points at each bad input",
+    429: "The tenant's rate is used up; retry after Retry-After seconds",
     503: "A dependency is unavailable; retry after Retry-After seconds",
 }
 ALWAYS = (400, 401, 422, 503)

@@ -1,8 +1,8 @@
 """Development credentials for `make run`: made once, kept in `.jobq/dev.env` (git-ignored).
 
-`python -m infra.devkeys` prints shell lines exporting `JOBQ_API_KEYS` (an admin and a submit
-key), `QUEUE_INTERNAL_TOKEN`, `JOBQ_KEY` (the admin key, for curl) and
-`GRAFANA_ADMIN_PASSWORD` (for infra/compose.yml).
+`python -m infra.devkeys` prints shell lines exporting `JOBQ_API_KEYS` (an admin of every
+tenant, `admin:*:<key>`, and a submit key of the tenant `default`), `QUEUE_INTERNAL_TOKEN`,
+`JOBQ_KEY` (the admin key, for curl) and `GRAFANA_ADMIN_PASSWORD` (for infra/compose.yml).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def load_or_create(path: Path = ENV_FILE) -> dict[str, str]:
             return values
     admin, submit = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     values = {
-        "JOBQ_API_KEYS": f"admin:{admin},submit:{submit}",
+        "JOBQ_API_KEYS": f"admin:*:{admin},submit:default:{submit}",
         "QUEUE_INTERNAL_TOKEN": secrets.token_urlsafe(24),
         "JOBQ_KEY": admin,
         "JOBQ_SUBMIT_KEY": submit,

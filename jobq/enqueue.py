@@ -12,9 +12,10 @@ on a serialization failure, as for any other write.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Unpack
 
-from common.contracts import DEFAULT_MAX_ATTEMPTS, JobStatus, SubmitJobResponse
+from common.contracts import DEFAULT_MAX_ATTEMPTS, NAME_PATTERN, JobStatus, SubmitJobResponse
 from common.enqueue import (
     ENQUEUE_ASYNCPG,
     ENQUEUE_NAMED,
@@ -24,7 +25,7 @@ from common.enqueue import (
     encode_rows,
     job_row,
 )
-from common.errors import IdempotencyConflict, JobqError
+from common.errors import IdempotencyConflict, InvalidInput, JobqError
 from common.ids import new_job_id
 from jobq.request import SubmitOptions, build_request
 
@@ -35,19 +36,25 @@ async def enqueue(
     payload: dict[str, Any],
     *,
     default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    tenant: str = "default",
     **options: Unpack[SubmitOptions],
 ) -> SubmitJobResponse:
     """Insert one job through `connection` (an `asyncpg.Connection` or a SQLAlchemy
-    `AsyncConnection`), inside whatever transaction it has open. `options` are those of
-    `Client.submit` (queue, priority, delay_seconds, max_attempts, timeout_seconds,
-    idempotency_key).
+    `AsyncConnection`), inside whatever transaction it has open, owned by `tenant`
+    (docs/architecture.md#tenants). `options` are those of `Client.submit` (queue, priority,
+    delay_seconds, max_attempts, timeout_seconds, idempotency_key).
 
-    Returns `{jobId, status}`; with an idempotency key used before by the same request, the
-    existing job (a replay). Raises InvalidInput/PayloadTooLarge for input the producer would
-    refuse, IdempotencyConflict when the key belongs to a different request.
+    Returns `{jobId, status}`; with an idempotency key the tenant used before for the same
+    request, the existing job (a replay). Raises InvalidInput/PayloadTooLarge for input the
+    producer would refuse, IdempotencyConflict when the key belongs to a different request.
     """
     request = build_request(task_type, payload, **options)
-    row = job_row(request, new_job_id(), default_max_attempts)
+    if not re.match(NAME_PATTERN, tenant):
+        raise InvalidInput(
+            f"tenant {tenant!r} is not a name like a queue's",
+            errors=[{"pointer": "tenant", "detail": f"must match {NAME_PATTERN}"}],
+        )
+    row = job_row(request, new_job_id(), default_max_attempts, tenant)
     inserted = await _insert(connection, row)
     if inserted is not None:
         return inserted
@@ -83,12 +90,15 @@ async def _insert(connection: Any, row: JobRow) -> SubmitJobResponse | None:
 
 async def _find_existing(connection: Any, row: JobRow) -> tuple[Any, Any, str | None] | None:
     if _is_asyncpg(connection):
-        found = await connection.fetchrow(FIND_EXISTING_ASYNCPG, row.id, row.idempotency_key)
+        found = await connection.fetchrow(
+            FIND_EXISTING_ASYNCPG, row.id, row.idempotency_key, row.tenant
+        )
     else:
         from sqlalchemy import text
 
         result = await connection.execute(
-            text(FIND_EXISTING_NAMED), {"id": row.id, "key": row.idempotency_key}
+            text(FIND_EXISTING_NAMED),
+            {"id": row.id, "key": row.idempotency_key, "tenant": row.tenant},
         )
         found = result.mappings().first()
     if found is None:

@@ -25,6 +25,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from common.serving import ServerLimits, server_config
 from infra import servers
 from infra.servers import ServerUnavailable, ensure_postgres, ensure_redis
 from infra.stack import ROOT, free_port
@@ -178,13 +179,14 @@ def pg_ctlcluster(state: Path, *args: str, wait: bool = True) -> subprocess.Pope
 
 
 @contextlib.asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """Serve `app` with a real uvicorn server on a free loopback port, in this event loop, and
-    yield an httpx client for it; the server (and the app's lifespan) stops on exit."""
+async def serving(app: Any, limits: ServerLimits | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    """Serve `app` with a real uvicorn server on a free loopback port, in this event loop,
+    within `limits` (the services' own HTTP protocol and defaults), and yield an httpx client
+    for it; the server (and the app's lifespan) stops on exit."""
     import uvicorn
 
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+    config = server_config(app, "127.0.0.1", port, limits or ServerLimits(), lifespan="on")
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve())
@@ -200,3 +202,46 @@ async def serving(app: Any) -> AsyncIterator[httpx.AsyncClient]:
         finally:
             server.should_exit = True
             await task
+
+
+INTERNAL_TOKEN = "internal-token-0123456789"
+"""The queue service's token in `guarded_services`."""
+
+
+@contextlib.asynccontextmanager
+async def guarded_services(
+    database_url: str,
+    redis_url: str,
+    keys: str,
+    *,
+    producer_token: str = INTERNAL_TOKEN,
+    limits: ServerLimits | None = None,
+    store_url: str | None = None,
+    **producer_settings: Any,
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    """A queue service requiring `INTERNAL_TOKEN` and a producer with the API `keys` in front
+    of it (sending `producer_token`, within `limits`, counting rate limits in `store_url`
+    (default `redis_url`), with `producer_settings`), both served over real HTTP; yields
+    (producer, queue) clients."""
+    from pydantic import SecretStr
+
+    from services.producer.app import create_app as create_producer
+    from services.producer.settings import ProducerSettings
+    from services.queue.app import create_app as create_queue
+    from services.queue.settings import QueueSettings
+
+    queue_settings = QueueSettings(
+        database_url=database_url,
+        redis_url=redis_url,
+        queue_internal_token=SecretStr(INTERNAL_TOKEN),
+    )
+    async with serving(create_queue(queue_settings)) as queue:
+        settings = ProducerSettings(
+            queue_service_url=str(queue.base_url),
+            queue_internal_token=SecretStr(producer_token),
+            jobq_api_keys=SecretStr(keys),
+            redis_url=redis_url if store_url is None else store_url,
+            **producer_settings,
+        )
+        async with serving(create_producer(settings), limits) as producer:
+            yield producer, queue

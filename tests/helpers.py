@@ -62,3 +62,37 @@ async def wait_past(repository: JobRepository, moment: str, within: float = 15.0
     await eventually(
         repository.now, lambda now: now > target, within=within, what=f"database time {moment}"
     )
+
+
+async def trickle_until_closed(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    byte: bytes = b"x",
+    *,
+    every: float = 0.2,
+    within: float = 15.0,
+) -> bytes:
+    """Send `byte` every `every` seconds, as a slow client would, until the server closes the
+    connection; return everything the server sent. Fails if it is still open after `within`
+    seconds."""
+    received = bytearray()
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            chunk = await asyncio.wait_for(reader.read(65536), timeout=every)
+        except TimeoutError:
+            try:
+                writer.write(byte)
+                await writer.drain()
+            except (ConnectionError, OSError):
+                break
+            continue
+        except (ConnectionError, OSError):
+            break
+        if not chunk:
+            break
+        received.extend(chunk)
+    else:
+        raise AssertionError(f"the server kept the connection open for {within}s: {received!r}")
+    writer.close()
+    return bytes(received)

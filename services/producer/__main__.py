@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from common.access import refuse_open_access
 from common.logging import configure_logging
 from common.serving import serve
 from common.settings import load_settings
@@ -14,11 +15,18 @@ def main() -> None:
     draining in-flight requests for up to `PRODUCER_SHUTDOWN_GRACE` seconds."""
     settings = load_settings(ProducerSettings)
     configure_logging(settings.log_level, settings.log_format)
+    refuse_open_access(
+        "producer",
+        settings.producer_host,
+        [] if settings.api_keys() else ["JOBQ_API_KEYS"],
+        insecure_allowed=settings.jobq_insecure_open_access,
+    )
     serve(
         create_app(settings),
         settings.producer_host,
         settings.producer_port,
         settings.producer_shutdown_grace,
+        settings.server_limits(),
     )
 
 

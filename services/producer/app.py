@@ -6,14 +6,13 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from litestar import Litestar, Response, get
+from litestar import Litestar, Request, Response, get
 from litestar.datastructures import State
 from litestar.di import Provide
-from litestar.openapi import OpenAPIConfig
 from prometheus_client import CollectorRegistry
 
 from common import contracts
-from common.access import role_guard
+from common.access import caller_of, role_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.http import QUEUE_SERVICE_CONNECTIONS, ServiceClient
 from common.http_metrics import HttpMetrics
@@ -22,19 +21,25 @@ from common.web import (
     exception_handlers,
     live,
     metrics_route,
+    openapi_config,
     refine_struct_schemas,
     require_json_body,
 )
+from services.producer.admission import Admission, payload_checks
 from services.producer.client import QueueServiceClient
-from services.producer.routes import JobController, redrive
+from services.producer.limits import STORE_NAME, TenantWindow, create_store, request_rate_limit
+from services.producer.metrics import ProducerMetrics
+from services.producer.routes import JobController, Producer, redrive
 from services.producer.settings import ProducerSettings
 
 
 @get("/health/ready", include_in_schema=False)
 async def ready(state: State) -> Response[dict[str, Any]]:
-    """Readiness: the queue service answers."""
-    ok = await state.queue.live()
-    body = {"status": "ok" if ok else "unavailable", "queueService": "ok" if ok else "unreachable"}
+    """Readiness: the queue service answers and accepts the producer's token
+    (`queueService` is `ok`, `unreachable` or `misconfigured`)."""
+    upstream = await state.queue.readiness()
+    ok = upstream == "ok"
+    body = {"status": "ok" if ok else "unavailable", "queueService": upstream}
     return Response(body, status_code=200 if ok else 503)
 
 
@@ -43,6 +48,12 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
     settings = settings or ProducerSettings()
     registry = CollectorRegistry(auto_describe=True)
     pool_metrics = PoolMetrics(registry, "queue-service", QUEUE_SERVICE_CONNECTIONS)
+    metrics = ProducerMetrics(registry)
+    keys = settings.api_keys()
+    store, redis_client = create_store(settings.redis_url)
+    middleware: list[Any] = [HttpMetrics("producer", registry).middleware]
+    if settings.producer_rate_limit is not None:
+        middleware.append(request_rate_limit(settings.producer_rate_limit, keys, metrics))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -59,20 +70,34 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
                 yield
             finally:
                 await client.aclose()
+                if redis_client is not None:
+                    await redis_client.aclose()
 
-    def provide_queue(state: State) -> QueueServiceClient:
-        client: QueueServiceClient = state.queue
-        return client
+    email_rate = settings.smtp_tenant_rate
+    admission = Admission(
+        payload_checks(settings.email_policy()),
+        TenantWindow(store, email_rate, "email") if email_rate is not None else None,
+        metrics,
+    )
+
+    def provide_producer(request: Request[Any, Any, Any]) -> Producer:
+        # One dependency, not three: Litestar resolves sibling dependencies in a task group
+        # of their own, which cost more than this whole function.
+        return Producer(request.app.state.queue, caller_of(request), admission)
 
     app = Litestar(
         route_handlers=[JobController, redrive, ready, live, metrics_route(registry)],
         lifespan=[lifespan],
-        dependencies={"queue_client": Provide(provide_queue, sync_to_thread=False)},
+        dependencies={"producer": Provide(provide_producer, sync_to_thread=False)},
         exception_handlers=exception_handlers(),
         before_request=require_json_body,
-        guards=[role_guard(settings.api_keys())],
-        middleware=[HttpMetrics("producer", registry).middleware],
-        openapi_config=OpenAPIConfig(title="jobq producer", version="0.1.0", path="/schema"),
+        guards=[role_guard(keys)],
+        middleware=middleware,
+        stores={STORE_NAME: store},
+        openapi_config=openapi_config(
+            "jobq producer",
+            "An API key of JOBQ_API_KEYS (role:tenant:key); not needed when none is configured.",
+        ),
         request_max_body_size=REQUEST_BODY_MAX_BYTES,
         logging_config=None,
         debug=False,

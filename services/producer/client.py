@@ -7,9 +7,11 @@ after that insert committed (`common.coalesce`; docs/architecture.md#batching).
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -26,8 +28,17 @@ from common.contracts import (
     RedriveResponse,
     SubmitJobResponse,
 )
-from common.errors import JobqError, ServiceUnavailable, from_problem
-from common.http import ServiceClient, decode
+from common.errors import (
+    Forbidden,
+    JobqError,
+    ServiceUnavailable,
+    Unauthorized,
+    UpstreamMisconfigured,
+    from_problem,
+)
+from common.http import Reply, ServiceClient, decode
+
+logger = logging.getLogger(__name__)
 
 GROUP_COMMIT_MAX_BYTES = 4 * 1024 * 1024
 """Payload bytes one group-committed forward carries at most (well under the queue service's
@@ -49,8 +60,11 @@ class QueueServiceClient:
     """Forwards validated requests to the queue service over a pooled `ServiceClient`.
 
     Errors are the `common.errors` classes the queue service answered with; an unreachable or
-    slow queue service is ServiceUnavailable (503 with Retry-After to the caller). `timeout`
-    (seconds) is the total deadline of one forward.
+    slow queue service is ServiceUnavailable (503 with Retry-After to the caller), and a queue
+    service refusing the producer's own token (`QUEUE_INTERNAL_TOKEN` wrong or missing) is
+    UpstreamMisconfigured (503 "upstream misconfigured", logged at ERROR): the caller's request
+    was fine and must not see the queue service's 401. `timeout` (seconds) is the total
+    deadline of one forward.
     """
 
     def __init__(self, http: ServiceClient, timeout: float) -> None:
@@ -67,6 +81,42 @@ class QueueServiceClient:
     async def aclose(self) -> None:
         """Finish the forwards under way."""
         await self._submits.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        deadline: float,
+        params: dict[str, str | int] | None = None,
+    ) -> Reply:
+        """`ServiceClient.call`, with the queue service's refusal of our own credentials
+        turned into UpstreamMisconfigured."""
+        try:
+            return await self._http.call(method, path, body, deadline=deadline, params=params)
+        except (Unauthorized, Forbidden) as exc:
+            logger.error(
+                "the queue service refused the producer's credentials (%s): check "
+                "QUEUE_INTERNAL_TOKEN on both",
+                exc.status,
+                extra={"event": "upstream_credentials_refused"},
+            )
+            raise UpstreamMisconfigured(
+                "the job service is misconfigured; its operators have been told (see the "
+                "producer's log)"
+            ) from exc
+
+    async def readiness(self) -> str:
+        """`ok`, `unreachable`, or `misconfigured` when the queue service refuses our token
+        (its probes need none, but refuse a wrong one)."""
+        try:
+            await self._call("GET", "/health/live", deadline=2.0)
+        except UpstreamMisconfigured:
+            return "misconfigured"
+        except JobqError:
+            return "unreachable"
+        return "ok"
 
     async def submit(
         self, request: EnqueueRequest, payload_bytes: int
@@ -106,31 +156,40 @@ class QueueServiceClient:
         self, requests: list[EnqueueRequest], deadline: float
     ) -> BatchSubmitResponse:
         body = BatchSubmitRequest(jobs=[msgspec.to_builtins(r) for r in requests])
-        reply = await self._http.call("POST", "/jobs/batch", body, deadline=deadline)
+        reply = await self._call("POST", "/jobs/batch", body, deadline=deadline)
         return decode(reply, BatchSubmitResponse)
 
     async def list_jobs(self, params: dict[str, str | int]) -> JobList:
         """One page of `GET /jobs` with the given (already validated) query parameters."""
-        reply = await self._http.call("GET", "/jobs", deadline=self._timeout, params=params)
+        reply = await self._call("GET", "/jobs", deadline=self._timeout, params=params)
         return decode(reply, JobList)
 
-    async def get(self, job_id: uuid.UUID) -> JobView:
-        """The job's view; raises JobNotFound."""
-        return decode(
-            await self._http.call("GET", f"/jobs/{job_id}", deadline=self._timeout), JobView
+    async def get(self, job_id: uuid.UUID, scope: str | None) -> JobView:
+        """The job's view, if it belongs to the tenant `scope` (None: any tenant); raises
+        JobNotFound."""
+        reply = await self._call(
+            "GET", f"/jobs/{job_id}", deadline=self._timeout, params=_scoped(scope)
         )
-
-    async def act(self, job_id: uuid.UUID, action: str) -> JobView:
-        """`POST /jobs/{id}/{action}` (`cancel` or `retry`) on the queue service."""
-        reply = await self._http.call("POST", f"/jobs/{job_id}/{action}", deadline=self._timeout)
         return decode(reply, JobView)
 
-    async def redrive(self, request: RedriveRequest) -> RedriveResponse:
-        """Move dead-lettered jobs back to PENDING. A large redrive runs in many batches, so it
-        gets a longer timeout (60 s) than single-job calls."""
-        reply = await self._http.call("POST", "/dead-letter/redrive", request, deadline=60.0)
+    async def act(self, job_id: uuid.UUID, action: str, scope: str | None) -> JobView:
+        """`POST /jobs/{id}/{action}` (`cancel` or `retry`) on the queue service, for a job of
+        the tenant `scope` (None: any tenant)."""
+        reply = await self._call(
+            "POST", f"/jobs/{job_id}/{action}", deadline=self._timeout, params=_scoped(scope)
+        )
+        return decode(reply, JobView)
+
+    async def redrive(self, request: RedriveRequest, scope: str | None) -> RedriveResponse:
+        """Move dead-lettered jobs of the tenant `scope` (None: every tenant) back to PENDING.
+        A large redrive runs in many batches, so it gets a longer timeout (60 s) than
+        single-job calls."""
+        reply = await self._call(
+            "POST", "/dead-letter/redrive", request, deadline=60.0, params=_scoped(scope)
+        )
         return decode(reply, RedriveResponse)
 
-    async def live(self) -> bool:
-        """True when the queue service answers its liveness probe within 2 s."""
-        return await self._http.live()
+
+def _scoped(scope: str | None) -> dict[str, str | int] | None:
+    """The queue service's tenant scope parameter (docs/architecture.md#tenants)."""
+    return None if scope is None else {"tenant": scope}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -11,7 +12,7 @@ from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
-from common.access import ADMIN_ONLY
+from common.access import ADMIN_ONLY, Caller
 from common.batch import decode_entries, entry_result, split_valid
 from common.bodies import StrictJSON
 from common.contracts import (
@@ -29,6 +30,7 @@ from common.contracts import (
 from common.errors import JobqError
 from common.ids import new_job_id
 from common.queries import (
+    LIST_PARAMETERS,
     Cursor,
     Limit,
     QueueFilter,
@@ -38,7 +40,25 @@ from common.queries import (
 )
 from common.validation import check_payload
 from common.web import problems
+from services.producer.admission import Admission
 from services.producer.client import QueueServiceClient
+
+
+@dataclass(frozen=True, slots=True)
+class Producer:
+    """What a route works with: the queue service's client, the caller (its role and tenant)
+    and the admission rules for submits. One dependency, so Litestar resolves it inline."""
+
+    queue: QueueServiceClient
+    caller: Caller
+    admission: Admission
+
+
+RATE_LIMITED = 429
+"""Any public route may answer it (docs/architecture.md#rate-limits)."""
+
+PUBLIC_LIST_PARAMETERS = LIST_PARAMETERS - {"tenant"}
+"""The public listing has no tenant parameter: the key decides."""
 
 
 class JobController(Controller):
@@ -54,21 +74,24 @@ class JobController(Controller):
         summary="Submit a job",
         responses={
             200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
-            **problems(409, 413, 415),
+            **problems(409, 413, 415, RATE_LIMITED),
         },
     )
     async def submit(
-        self, data: JSONBody[SubmitJobRequest], queue_client: NamedDependency[QueueServiceClient]
+        self,
+        data: JSONBody[SubmitJobRequest],
+        producer: NamedDependency[Producer],
     ) -> Response[SubmitJobResponse]:
         """Validate the job and hand it to the queue service (group-committed with concurrent
-        submits; the reply comes after the insert committed).
+        submits; the reply comes after the insert committed). The caller's tenant owns it.
 
         The job id is minted here, once, so a retried forward is a replay, never a duplicate.
         """
         size = check_payload(data.payload)
+        await producer.admission.admit(producer.caller, data)
         fields = msgspec.structs.asdict(data)
-        reply, created = await queue_client.submit(
-            EnqueueRequest(**fields, job_id=new_job_id()), size
+        reply, created = await producer.queue.submit(
+            EnqueueRequest(**fields, job_id=new_job_id(), tenant=producer.caller.owner), size
         )
         return Response(
             reply,
@@ -81,22 +104,37 @@ class JobController(Controller):
         status_code=200,
         summary="Submit up to 500 jobs",
         dto=StrictJSON[BatchSubmitRequest],
-        responses=problems(413, 415),
+        responses=problems(413, 415, RATE_LIMITED),
     )
     async def submit_batch(
-        self, data: JSONBody[BatchSubmitRequest], queue_client: NamedDependency[QueueServiceClient]
+        self,
+        data: JSONBody[BatchSubmitRequest],
+        producer: NamedDependency[Producer],
     ) -> BatchSubmitResponse:
         """Each entry is validated on its own and answered in order: 202 created, 200 replay
-        (also a key repeated within the batch), 409, 413 or 422 with problem details."""
-        decoded = decode_entries(data.jobs, SubmitJobRequest)
+        (also a key repeated within the batch), 409, 413, 422 or 429 with problem details."""
+        decoded: list[SubmitJobRequest | JobqError] = []
+        for index, candidate in enumerate(decode_entries(data.jobs, SubmitJobRequest)):
+            if not isinstance(candidate, JobqError):
+                try:
+                    await producer.admission.admit(
+                        producer.caller, candidate, f"/jobs/{index}/payload"
+                    )
+                except JobqError as exc:
+                    candidate = exc
+            decoded.append(candidate)
         indexes, valid = split_valid(decoded)
         results = [entry_result(i, d) for i, d in enumerate(decoded) if isinstance(d, JobqError)]
         if valid:
             forwarded = [
-                EnqueueRequest(**msgspec.structs.asdict(request), job_id=new_job_id())
+                EnqueueRequest(
+                    **msgspec.structs.asdict(request),
+                    job_id=new_job_id(),
+                    tenant=producer.caller.owner,
+                )
                 for request in valid
             ]
-            reply = await queue_client.submit_batch(forwarded)
+            reply = await producer.queue.submit_batch(forwarded)
             for entry in reply.results:
                 results.append(msgspec.structs.replace(entry, index=indexes[entry.index]))
         return BatchSubmitResponse(results=sorted(results, key=lambda r: r.index))
@@ -104,12 +142,12 @@ class JobController(Controller):
     @get(
         "/",
         summary="List jobs (newest first); admin",
-        responses=problems(403),
+        responses=problems(403, RATE_LIMITED),
         opt=ADMIN_ONLY,
     )
     async def list_jobs(
         self,
-        queue_client: NamedDependency[QueueServiceClient],
+        producer: NamedDependency[Producer],
         request: Request[Any, Any, Any],
         status: StatusFilter = None,
         queue: QueueFilter = None,
@@ -118,53 +156,61 @@ class JobController(Controller):
         limit: Limit = LIST_LIMIT_DEFAULT,
     ) -> JobList:
         """Filter by status (`DEAD_LETTER` lists the dead-letter queue), queue and task type;
-        keyset pagination, stable while new jobs arrive."""
-        refuse_unknown_parameters(request)
+        keyset pagination, stable while new jobs arrive. A tenant's admin lists its tenant's
+        jobs; an admin of `*`, every tenant's."""
+        refuse_unknown_parameters(request, PUBLIC_LIST_PARAMETERS)
         params: dict[str, str | int] = {"limit": limit}
         wanted: tuple[tuple[str, object], ...] = (
             ("status", status),
             ("queue", queue),
             ("taskType", task_type),
             ("cursor", cursor),
+            ("tenant", producer.caller.scope),
         )
         for name, value in wanted:
             if value is not None:
                 params[name] = str(value)
-        return await queue_client.list_jobs(params)
+        return await producer.queue.list_jobs(params)
 
-    @get("/{job_id:uuid}", summary="Read a job", responses=problems(404))
+    @get("/{job_id:uuid}", summary="Read a job", responses=problems(404, RATE_LIMITED))
     async def read(
-        self, job_id: FromPath[uuid.UUID], queue_client: NamedDependency[QueueServiceClient]
+        self,
+        job_id: FromPath[uuid.UUID],
+        producer: NamedDependency[Producer],
     ) -> JobView:
-        """The job's full view."""
-        return await queue_client.get(job_id)
+        """The job's full view; another tenant's job is a 404, like a missing one."""
+        return await producer.queue.get(job_id, producer.caller.scope)
 
     @post(
         "/{job_id:uuid}/cancel",
         status_code=200,
         summary="Cancel a job",
-        responses=problems(403, 404, 409),
+        responses=problems(403, 404, 409, RATE_LIMITED),
         opt=ADMIN_ONLY,
     )
     async def cancel(
-        self, job_id: FromPath[uuid.UUID], queue_client: NamedDependency[QueueServiceClient]
+        self,
+        job_id: FromPath[uuid.UUID],
+        producer: NamedDependency[Producer],
     ) -> JobView:
         """PENDING/SCHEDULED → CANCELLED at once; PROCESSING → the worker is asked to stop and
         the job ends CANCELLED when it confirms; 409 when the job already finished."""
-        return await queue_client.act(job_id, "cancel")
+        return await producer.queue.act(job_id, "cancel", producer.caller.scope)
 
     @post(
         "/{job_id:uuid}/retry",
         status_code=200,
         summary="Run a dead-lettered or cancelled job again",
-        responses=problems(403, 404, 409),
+        responses=problems(403, 404, 409, RATE_LIMITED),
         opt=ADMIN_ONLY,
     )
     async def retry(
-        self, job_id: FromPath[uuid.UUID], queue_client: NamedDependency[QueueServiceClient]
+        self,
+        job_id: FromPath[uuid.UUID],
+        producer: NamedDependency[Producer],
     ) -> JobView:
         """DEAD_LETTER/CANCELLED → PENDING with attempts and releases reset; 409 otherwise."""
-        return await queue_client.act(job_id, "retry")
+        return await producer.queue.act(job_id, "retry", producer.caller.scope)
 
 
 @post(
@@ -173,11 +219,13 @@ class JobController(Controller):
     dto=StrictJSON[RedriveRequest],
     tags=["dead-letter"],
     summary="Redrive dead-lettered jobs; admin",
-    responses=problems(403, 413, 415),
+    responses=problems(403, 413, 415, RATE_LIMITED),
     opt=ADMIN_ONLY,
 )
 async def redrive(
-    data: JSONBody[RedriveRequest], queue_client: NamedDependency[QueueServiceClient]
+    data: JSONBody[RedriveRequest],
+    producer: NamedDependency[Producer],
 ) -> RedriveResponse:
-    """Move dead-lettered jobs (optionally of one queue and task type) back to PENDING."""
-    return await queue_client.redrive(data)
+    """Move the caller's tenant's dead-lettered jobs (optionally of one queue and task type)
+    back to PENDING; an admin of `*` moves every tenant's."""
+    return await producer.queue.redrive(data, producer.caller.scope)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from common.access import refuse_open_access
 from common.logging import configure_logging
 from common.serving import serve
 from common.settings import load_settings
@@ -17,11 +18,18 @@ def main() -> None:
     """
     settings = load_settings(QueueSettings)
     configure_logging(settings.log_level, settings.log_format)
+    refuse_open_access(
+        "queue service",
+        settings.queue_host,
+        ["QUEUE_INTERNAL_TOKEN"] if settings.queue_internal_token is None else [],
+        insecure_allowed=settings.jobq_insecure_open_access,
+    )
     serve(
         create_app(settings),
         settings.queue_host,
         settings.queue_port,
         settings.queue_shutdown_grace,
+        settings.server_limits(),
     )
 
 

@@ -15,7 +15,6 @@ from alembic.script import ScriptDirectory
 from litestar import Litestar, Response, get
 from litestar.datastructures import State
 from litestar.di import Provide
-from litestar.openapi import OpenAPIConfig
 from prometheus_client import CollectorRegistry
 
 from common import contracts
@@ -27,6 +26,7 @@ from common.web import (
     exception_handlers,
     live,
     metrics_route,
+    openapi_config,
     refine_struct_schemas,
     require_json_body,
 )
@@ -182,7 +182,10 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         before_request=require_json_body,
         guards=[token_guard(token.get_secret_value() if token else None)],
         middleware=[HttpMetrics("queue", registry).middleware],
-        openapi_config=OpenAPIConfig(title="jobq queue service", version="0.1.0", path="/schema"),
+        openapi_config=openapi_config(
+            "jobq queue service",
+            "QUEUE_INTERNAL_TOKEN; not needed when it is unset.",
+        ),
         # Headroom above the public bound for the ids and defaults the producer adds when it
         # forwards a batch that was just under 8 MiB.
         request_max_body_size=REQUEST_BODY_MAX_BYTES + 1024 * 1024,

@@ -26,6 +26,7 @@ class QueueMetrics:
         self.registry = registry
         self.queue_label = BoundedLabel(label_limit)
         self.task_label = BoundedLabel(label_limit)
+        self.tenant_label = BoundedLabel(label_limit)
         self.jobs = Gauge(
             "jobq_jobs",
             "Jobs per queue and status, from the database.",
@@ -39,7 +40,10 @@ class QueueMetrics:
             registry=registry,
         )
         self.enqueued = Counter(
-            "jobq_enqueued", "Jobs created.", ["queue", "task_type"], registry=registry
+            "jobq_enqueued",
+            "Jobs created, by the tenant that owns them.",
+            ["queue", "task_type", "tenant"],
+            registry=registry,
         )
         self.processed = Counter(
             "jobq_processed",
@@ -125,6 +129,12 @@ class QueueMetrics:
                 "Unix time of the last depth snapshot written to the Redis cache.",
                 registry=registry,
             )
+
+    def count_enqueued(self, queue: str, task_type: str, tenant: str, count: int = 1) -> None:
+        """Count `count` jobs created in `queue` of `task_type`, owned by `tenant`."""
+        self.enqueued.labels(
+            self.queue_label(queue), self.task_label(task_type), self.tenant_label(tenant)
+        ).inc(count)
 
     def observe_health(self, health: DatabaseHealth) -> None:
         """Publish one reading of the database's health (the `job` table's figures)."""

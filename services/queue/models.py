@@ -64,6 +64,8 @@ class Job(Base):
     __tablename__ = "job"
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    # The tenant that owns the job (docs/architecture.md#tenants).
+    tenant: Mapped[str] = mapped_column(String(64), server_default=text("'default'"))
     queue: Mapped[str] = mapped_column(String(64))
     task_type: Mapped[str] = mapped_column(String(64))
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
@@ -101,14 +103,6 @@ class Job(Base):
             "id",
             postgresql_where=text("status = 'PENDING'"),
         ),
-        # Keys are unique; jobs without one (most) stay out of the index, so their inserts and
-        # state changes do not maintain it.
-        Index(
-            "uq_job_idempotency_key",
-            "idempotency_key",
-            unique=True,
-            postgresql_where=text("idempotency_key IS NOT NULL"),
-        ),
         Index("ix_job_scheduler", "visible_at", postgresql_where=text("status = 'SCHEDULED'")),
         Index("ix_job_reaper", "visible_at", postgresql_where=text("status = 'PROCESSING'")),
         Index(
@@ -118,6 +112,17 @@ class Job(Base):
         ),
         Index("ix_job_status_id", "status", text("id DESC")),
         Index("ix_job_queue_id", "queue", text("id DESC")),
+        # Idempotency keys are unique per tenant; jobs without one (most) stay out of the
+        # index, so their inserts and state changes do not maintain it.
+        Index(
+            "uq_job_tenant_idempotency_key",
+            "tenant",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+        ),
+        # A tenant's listing walks its own jobs, newest first.
+        Index("ix_job_tenant_id", "tenant", text("id DESC")),
         AUTOVACUUM_SETTINGS,
     )
 

@@ -57,17 +57,14 @@ INT_MAX = 2_147_483_647
 """Largest value of a PostgreSQL `integer`; counters stop there instead of overflowing."""
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    """A job one claim handed out: what the worker needs, nothing more.
-
-    `payload_json` is the payload's JSON text as stored, passed through to the worker without
-    being decoded and encoded again. `visibility_timeout` is in seconds.
-    """
+class Claimed(msgspec.Struct, rename="camel", frozen=True):
+    """A job one claim handed out, shaped as the `JobMessage` the worker receives: the payload
+    is the JSON text PostgreSQL stored (`msgspec.Raw`), passed through to the worker without
+    being decoded and encoded again. `visibility_timeout` is in seconds."""
 
     id: uuid.UUID
     task_type: str
-    payload_json: str
+    payload: msgspec.Raw
     attempts: int
     max_attempts: int
     timeout_seconds: int | None
@@ -148,6 +145,7 @@ class DepthRow:
 def _to_view(row: asyncpg.Record) -> JobView:
     return JobView(
         id=row["id"],
+        tenant=row["tenant"],
         queue=row["queue"],
         task_type=row["task_type"],
         payload=row["payload"],
@@ -172,12 +170,16 @@ def _to_view(row: asyncpg.Record) -> JobView:
 
 
 _JOB_COLUMNS = (
-    "id, queue, task_type, payload, status, priority, attempts, releases, max_attempts, "
+    "id, tenant, queue, task_type, payload, status, priority, attempts, releases, max_attempts, "
     "timeout_seconds, last_error, errors, result, idempotency_key, locked_by, created_at, "
     "updated_at, visible_at, claimed_at, finished_at, cancel_requested, lease_id"
 )
 
-_GET = f"SELECT {_JOB_COLUMNS} FROM job WHERE id = $1"
+# Reads, cancels, retries, listings and redrives take a tenant scope: NULL for every tenant,
+# else only that tenant's jobs, so another tenant's job looks exactly like a missing one.
+_IN_SCOPE = "($2::text IS NULL OR tenant = $2)"
+
+_GET = f"SELECT {_JOB_COLUMNS} FROM job WHERE id = $1 AND {_IN_SCOPE}"
 
 
 def _notify_ready(source: str) -> str:
@@ -423,7 +425,7 @@ UPDATE job SET
     cancel_requested = (status = 'PROCESSING'),
     finished_at = CASE WHEN status = 'PROCESSING' THEN NULL ELSE statement_timestamp() END,
     updated_at = statement_timestamp()
-WHERE id = $1 AND status IN ('PENDING', 'SCHEDULED', 'PROCESSING')
+WHERE id = $1 AND status IN ('PENDING', 'SCHEDULED', 'PROCESSING') AND {_IN_SCOPE}
 RETURNING {_JOB_COLUMNS}
 """
 
@@ -445,7 +447,7 @@ _RESET_FOR_RETRY = """
 _RETRY = f"""
 WITH retried AS (
     UPDATE job SET {_RESET_FOR_RETRY}
-    WHERE id = $1 AND status IN ('DEAD_LETTER', 'CANCELLED')
+    WHERE id = $1 AND status IN ('DEAD_LETTER', 'CANCELLED') AND {_IN_SCOPE}
     RETURNING {_JOB_COLUMNS}
 ), woken AS ({_notify_ready("retried")})
 SELECT retried.*, (SELECT count(*) FROM woken) AS notified FROM retried
@@ -457,6 +459,7 @@ WITH picked AS (
     WHERE status = 'DEAD_LETTER'
       AND ($1::text IS NULL OR queue = $1)
       AND ($2::text IS NULL OR task_type = $2)
+      AND ($4::text IS NULL OR tenant = $4)
     ORDER BY id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
@@ -677,7 +680,7 @@ def _claimed(rows: list[asyncpg.Record], visibility_timeout: int) -> list[Claime
         Claimed(
             id=row["id"],
             task_type=row["task_type"],
-            payload_json=row["payload_json"],
+            payload=msgspec.Raw(row["payload_json"].encode()),
             attempts=row["attempts"],
             max_attempts=row["max_attempts"],
             timeout_seconds=row["timeout_seconds"],
@@ -782,17 +785,21 @@ class JobRepository:
         return inserted[0] if inserted else None
 
     async def find_existing(
-        self, job_id: uuid.UUID, idempotency_key: str | None
+        self, job_id: uuid.UUID, idempotency_key: str | None, tenant: str
     ) -> Existing | None:
-        """The job holding this id or idempotency key (the id first), or None."""
-        row = await self._fetchrow(FIND_EXISTING_ASYNCPG, job_id, idempotency_key)
+        """The job holding this id, or `tenant`'s job holding this idempotency key (the id
+        first), or None."""
+        row = await self._fetchrow(FIND_EXISTING_ASYNCPG, job_id, idempotency_key, tenant)
         if row is None:
             return None
-        return Existing(row["id"], JobStatus(row["status"]), row["request_hash"])
+        return Existing(row["id"], JobStatus(row["status"]), row["request_hash"], row["tenant"])
 
-    async def get(self, job_id: uuid.UUID) -> tuple[JobView, uuid.UUID | None] | None:
-        """The job and its current receipt handle (lease id), or None."""
-        row = await self._fetchrow(_GET, job_id)
+    async def get(
+        self, job_id: uuid.UUID, tenant: str | None = None
+    ) -> tuple[JobView, uuid.UUID | None] | None:
+        """The job and its current receipt handle (lease id), or None; with a `tenant`, None
+        also for another tenant's job."""
+        row = await self._fetchrow(_GET, job_id, tenant)
         return None if row is None else (_to_view(row), row["lease_id"])
 
     async def claim(
@@ -921,10 +928,10 @@ class JobRepository:
         rows = await self._fetch(_PROMOTE, batch)
         return {row["queue"]: row["promoted"] for row in rows}
 
-    async def cancel(self, job_id: uuid.UUID) -> JobView | None:
-        """Cancel a waiting job, or ask a running one to stop; None when the job is finished
-        or unknown."""
-        row = await self._fetchrow(_CANCEL, job_id)
+    async def cancel(self, job_id: uuid.UUID, tenant: str | None = None) -> JobView | None:
+        """Cancel a waiting job, or ask a running one to stop; None when the job is finished,
+        unknown or (with a `tenant`) another tenant's."""
+        row = await self._fetchrow(_CANCEL, job_id, tenant)
         return None if row is None else _to_view(row)
 
     async def confirm_cancelled(self, job_id: uuid.UUID, lease_id: uuid.UUID) -> Settled | None:
@@ -936,16 +943,19 @@ class JobRepository:
             row["id"], row["queue"], row["task_type"], JobStatus.CANCELLED, row["attempts"]
         )
 
-    async def retry(self, job_id: uuid.UUID) -> JobView | None:
+    async def retry(self, job_id: uuid.UUID, tenant: str | None = None) -> JobView | None:
         """Make a DEAD_LETTER or CANCELLED job PENDING again with attempts and releases reset;
-        None when the job is in any other state or unknown."""
-        row = await self._fetchrow(_RETRY, job_id)
+        None when the job is in any other state, unknown or (with a `tenant`) another
+        tenant's."""
+        row = await self._fetchrow(_RETRY, job_id, tenant)
         return None if row is None else _to_view(row)
 
-    async def redrive(self, queue: str | None, task_type: str | None, batch: int) -> int:
-        """Move up to `batch` dead-lettered jobs (optionally of one queue / task type) back to
-        PENDING in one statement; returns how many moved."""
-        row = await self._fetchrow(_REDRIVE, queue, task_type, batch)
+    async def redrive(
+        self, queue: str | None, task_type: str | None, batch: int, tenant: str | None = None
+    ) -> int:
+        """Move up to `batch` dead-lettered jobs (optionally of one queue / task type / tenant)
+        back to PENDING in one statement; returns how many moved."""
+        row = await self._fetchrow(_REDRIVE, queue, task_type, batch, tenant)
         return int(row["moved"]) if row is not None else 0
 
     async def delete_finished(
@@ -971,15 +981,24 @@ class JobRepository:
         task_type: str | None,
         before: uuid.UUID | None,
         limit: int,
+        tenant: str | None = None,
     ) -> list[JobView]:
-        """Jobs matching the filters with id < `before` (keyset), newest first, at most `limit`.
+        """Jobs matching the filters with id < `before` (keyset), newest first, at most `limit`;
+        with a `tenant`, that tenant's only.
 
         Only the given filters enter the statement, so each combination gets its own plan
-        (ix_job_status_id, ix_job_queue_id or the primary key, walked backwards).
+        (ix_job_status_id, ix_job_queue_id, ix_job_tenant_id or the primary key, walked
+        backwards).
         """
         conditions: list[str] = []
         args: list[Any] = []
-        filters = (("status", status), ("queue", queue), ("task_type", task_type), ("id <", before))
+        filters = (
+            ("tenant", tenant),
+            ("status", status),
+            ("queue", queue),
+            ("task_type", task_type),
+            ("id <", before),
+        )
         for column, value in filters:
             if value is not None:
                 args.append(value)

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -58,6 +57,7 @@ from common.queries import (
     QueueFilter,
     StatusFilter,
     TaskTypeFilter,
+    TenantScope,
     refuse_unknown_parameters,
 )
 from common.web import problems
@@ -66,49 +66,15 @@ from services.queue.repository import Claimed
 from services.queue.service import QueueService
 
 
-class _ClaimedJob(msgspec.Struct, rename="camel"):
-    """A `JobMessage` on its way out, with the payload as the stored JSON text."""
-
-    id: uuid.UUID
-    task_type: str
-    payload: msgspec.Raw
-    attempts: int
-    max_attempts: int
-    timeout_seconds: int | None
-    receipt_handle: uuid.UUID
-    visibility_timeout: int
-    visible_at: datetime
-    idempotency_key: str | None
-
-
 class _ClaimReply(msgspec.Struct, omit_defaults=True):
-    jobs: list[_ClaimedJob]
+    jobs: Sequence[Claimed]
     acks: list[AckResult] = msgspec.field(default_factory=list)
 
 
 def encode_claimed(jobs: Sequence[Claimed], acks: list[AckResult]) -> bytes:
     """The `ClaimResponse` JSON for `jobs` and `acks`, each payload passed through as
     stored."""
-    return msgspec.json.encode(
-        _ClaimReply(
-            acks=acks,
-            jobs=[
-                _ClaimedJob(
-                    id=job.id,
-                    task_type=job.task_type,
-                    payload=msgspec.Raw(job.payload_json.encode()),
-                    attempts=job.attempts,
-                    max_attempts=job.max_attempts,
-                    timeout_seconds=job.timeout_seconds,
-                    receipt_handle=job.receipt_handle,
-                    visibility_timeout=job.visibility_timeout,
-                    visible_at=job.visible_at,
-                    idempotency_key=job.idempotency_key,
-                )
-                for job in jobs
-            ],
-        )
-    )
+    return msgspec.json.encode(_ClaimReply(jobs=jobs, acks=acks))
 
 
 class JobController(Controller):
@@ -212,20 +178,29 @@ class JobController(Controller):
         task_type: TaskTypeFilter = None,
         cursor: Cursor = None,
         limit: Limit = LIST_LIMIT_DEFAULT,
+        tenant: TenantScope = None,
     ) -> JobList:
-        """Filter by status (`DEAD_LETTER` lists the dead-letter queue), queue and task type;
-        keyset pagination by id, stable while new jobs arrive."""
+        """Filter by status (`DEAD_LETTER` lists the dead-letter queue), queue, task type and
+        tenant; keyset pagination by id, stable while new jobs arrive."""
         refuse_unknown_parameters(request)
         return await service.list_jobs(
-            status=status, queue=queue, task_type=task_type, cursor=cursor, limit=limit
+            status=status,
+            queue=queue,
+            task_type=task_type,
+            cursor=cursor,
+            limit=limit,
+            tenant=tenant,
         )
 
     @get("/{job_id:uuid}", summary="Read a job", responses=problems(404))
     async def read(
-        self, job_id: FromPath[uuid.UUID], service: NamedDependency[QueueService]
+        self,
+        job_id: FromPath[uuid.UUID],
+        service: NamedDependency[QueueService],
+        tenant: TenantScope = None,
     ) -> JobView:
         """The job's full view."""
-        return await service.get(job_id)
+        return await service.get(job_id, tenant)
 
     @post(
         "/next",
@@ -356,10 +331,13 @@ class JobController(Controller):
         responses=problems(404, 409),
     )
     async def cancel(
-        self, job_id: FromPath[uuid.UUID], service: NamedDependency[QueueService]
+        self,
+        job_id: FromPath[uuid.UUID],
+        service: NamedDependency[QueueService],
+        tenant: TenantScope = None,
     ) -> JobView:
         """PENDING/SCHEDULED → CANCELLED at once; PROCESSING → cancel requested."""
-        return await service.cancel(job_id)
+        return await service.cancel(job_id, tenant)
 
     @post(
         "/{job_id:uuid}/retry",
@@ -368,10 +346,13 @@ class JobController(Controller):
         responses=problems(404, 409),
     )
     async def retry(
-        self, job_id: FromPath[uuid.UUID], service: NamedDependency[QueueService]
+        self,
+        job_id: FromPath[uuid.UUID],
+        service: NamedDependency[QueueService],
+        tenant: TenantScope = None,
     ) -> JobView:
         """DEAD_LETTER/CANCELLED → PENDING with attempts and releases reset; 409 otherwise."""
-        return await service.retry(job_id)
+        return await service.retry(job_id, tenant)
 
 
 @post(
@@ -383,10 +364,13 @@ class JobController(Controller):
     responses=problems(413, 415),
 )
 async def redrive(
-    data: JSONBody[RedriveRequest], service: NamedDependency[QueueService]
+    data: JSONBody[RedriveRequest],
+    service: NamedDependency[QueueService],
+    tenant: TenantScope = None,
 ) -> RedriveResponse:
-    """Move dead-lettered jobs (optionally of one queue and task type) back to PENDING."""
-    moved = await service.redrive(data.queue, data.task_type, data.limit)
+    """Move dead-lettered jobs (optionally of one queue, task type and tenant) back to
+    PENDING."""
+    moved = await service.redrive(data.queue, data.task_type, data.limit, tenant)
     return RedriveResponse(moved=moved)
 
 

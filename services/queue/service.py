@@ -175,7 +175,7 @@ class QueueService:
         outcomes: list[Submitted | JobqError | None] = [None] * len(requests)
         rows: dict[int, JobRow] = {}
         repeats: dict[int, tuple[int, JobRow]] = {}
-        first_use: dict[str, int] = {}
+        first_use: dict[tuple[str, str | None], int] = {}
         default_attempts = self._settings.queue_max_attempts
         for index, request in enumerate(requests):
             if not checked:
@@ -184,12 +184,13 @@ class QueueService:
                 except JobqError as exc:
                     outcomes[index] = exc
                     continue
-            row = job_row(request, request.job_id or new_job_id(), default_attempts)
-            key = request.idempotency_key
-            if key is not None and key in first_use:
+            row = job_row(request, request.job_id or new_job_id(), default_attempts, request.tenant)
+            # Idempotency keys are unique per tenant (docs/architecture.md#tenants).
+            key = (request.tenant, request.idempotency_key)
+            if request.idempotency_key is not None and key in first_use:
                 repeats[index] = (first_use[key], row)
                 continue
-            if key is not None:
+            if request.idempotency_key is not None:
                 first_use[key] = index
             rows[index] = row
         await self._insert_resolving(rows, outcomes)
@@ -218,35 +219,36 @@ class QueueService:
             created = {
                 job.id: job for job in await self.repository.insert_many(list(pending.values()))
             }
-            counts: Counter[tuple[str, str]] = Counter()
+            counts: Counter[tuple[str, str, str]] = Counter()
             vanished: dict[int, JobRow] = {}
             for index, row in pending.items():
                 job = created.get(row.id)
                 if job is not None:
-                    counts[(job.queue, job.task_type)] += 1
+                    counts[(job.queue, job.task_type, row.tenant)] += 1
                     outcomes[index] = Submitted(
                         SubmitJobResponse(job_id=job.id, status=job.status), True
                     )
                     continue
-                existing = await self.repository.find_existing(row.id, row.idempotency_key)
+                existing = await self.repository.find_existing(
+                    row.id, row.idempotency_key, row.tenant
+                )
                 if existing is None:
                     vanished[index] = row
-                elif existing.request_hash != row.request_hash:
+                elif existing.request_hash != row.request_hash or existing.tenant != row.tenant:
                     outcomes[index] = _conflict(row, existing.id)
                 else:
                     reply = SubmitJobResponse(job_id=existing.id, status=existing.status)
                     outcomes[index] = Submitted(reply, False)
-            for (queue, task_type), count in counts.items():
-                self._metrics.enqueued.labels(
-                    self._metrics.queue_label(queue), self._metrics.task_label(task_type)
-                ).inc(count)
+            for (queue, task_type, tenant), count in counts.items():
+                self._metrics.count_enqueued(queue, task_type, tenant, count)
             pending = vanished
         for index in pending:
             outcomes[index] = ServiceUnavailable("could not settle a concurrent submission; retry")
 
-    async def get(self, job_id: uuid.UUID) -> JobView:
-        """The job's view; raises JobNotFound."""
-        found = await self.repository.get(job_id)
+    async def get(self, job_id: uuid.UUID, tenant: str | None = None) -> JobView:
+        """The job's view; raises JobNotFound, also (with a `tenant`) for another tenant's
+        job, with the same message as for a missing one."""
+        found = await self.repository.get(job_id, tenant)
         if found is None:
             raise JobNotFound(f"no job has id {job_id}")
         return found[0]
@@ -259,10 +261,17 @@ class QueueService:
         task_type: str | None,
         cursor: uuid.UUID | None,
         limit: int,
+        tenant: str | None = None,
     ) -> JobList:
-        """One page of jobs, newest first; `cursor` is the previous page's `next_cursor`."""
+        """One page of jobs, newest first; `cursor` is the previous page's `next_cursor`;
+        with a `tenant`, that tenant's jobs only."""
         items = await self.repository.list_jobs(
-            status=status, queue=queue, task_type=task_type, before=cursor, limit=limit
+            status=status,
+            queue=queue,
+            task_type=task_type,
+            before=cursor,
+            limit=limit,
+            tenant=tenant,
         )
         next_cursor = str(items[-1].id) if len(items) == limit else None
         return JobList(items=items, next_cursor=next_cursor)
@@ -486,13 +495,13 @@ class QueueService:
         _raise_for(entry.id, entry.receipt_handle, result.status)
         return result
 
-    async def cancel(self, job_id: uuid.UUID) -> JobView:
+    async def cancel(self, job_id: uuid.UUID, tenant: str | None = None) -> JobView:
         """Cancel a PENDING/SCHEDULED job at once; ask a PROCESSING one to stop (its worker
-        learns it from the next heartbeat). Raises JobNotFound, or InvalidState (409) when the
-        job already finished."""
-        view = await self.repository.cancel(job_id)
+        learns it from the next heartbeat). Raises JobNotFound (also for another tenant's job
+        when a `tenant` is given), or InvalidState (409) when the job already finished."""
+        view = await self.repository.cancel(job_id, tenant)
         if view is None:
-            current = await self.get(job_id)
+            current = await self.get(job_id, tenant)
             raise InvalidState(f"job {job_id} is {current.status}; only live jobs can be cancelled")
         if view.status is JobStatus.CANCELLED:
             self._metrics.processed.labels(
@@ -512,13 +521,13 @@ class QueueService:
         status, _ = (await self._replays([(job_id, handle)]))[job_id]
         return await self._view_after(job_id, handle, status)
 
-    async def retry(self, job_id: uuid.UUID) -> JobView:
+    async def retry(self, job_id: uuid.UUID, tenant: str | None = None) -> JobView:
         """Run a DEAD_LETTER or CANCELLED job again (attempts and releases reset). Raises
-        JobNotFound, or InvalidState (409) for any live or completed job, so a job never has
-        two live copies."""
-        view = await self.repository.retry(job_id)
+        JobNotFound (also for another tenant's job when a `tenant` is given), or InvalidState
+        (409) for any live or completed job, so a job never has two live copies."""
+        view = await self.repository.retry(job_id, tenant)
         if view is None:
-            current = await self.get(job_id)
+            current = await self.get(job_id, tenant)
             raise InvalidState(
                 f"job {job_id} is {current.status}; "
                 "only DEAD_LETTER or CANCELLED jobs can be retried"
@@ -526,20 +535,32 @@ class QueueService:
         logger.info("job retried by request", extra={"event": "job_retried", "job_id": str(job_id)})
         return view
 
-    async def redrive(self, queue: str | None, task_type: str | None, limit: int | None) -> int:
-        """Move dead-lettered jobs back to PENDING, `limit` in all (default: every one), in
-        batches of at most 500, each its own short statement. Returns how many moved."""
+    async def redrive(
+        self,
+        queue: str | None,
+        task_type: str | None,
+        limit: int | None,
+        tenant: str | None = None,
+    ) -> int:
+        """Move dead-lettered jobs (with a `tenant`, that tenant's only) back to PENDING,
+        `limit` in all (default: every one), in batches of at most 500, each its own short
+        statement. Returns how many moved."""
         moved = 0
         while limit is None or moved < limit:
             batch = REDRIVE_BATCH if limit is None else min(REDRIVE_BATCH, limit - moved)
-            count = await self.repository.redrive(queue, task_type, batch)
+            count = await self.repository.redrive(queue, task_type, batch, tenant)
             moved += count
             if count < batch:
                 break
         logger.info(
             "redrove %d dead-lettered job(s)",
             moved,
-            extra={"event": "dead_letter_redrive", "queue": queue, "task_type": task_type},
+            extra={
+                "event": "dead_letter_redrive",
+                "queue": queue,
+                "task_type": task_type,
+                "tenant": tenant,
+            },
         )
         return moved
 
@@ -626,6 +647,5 @@ class QueueService:
         row = job_row(request, new_job_id(), self._settings.queue_max_attempts)
         created = await self.repository.fire_schedule(name, cron, bucket, row)
         if created is not None:
-            queue = self._metrics.queue_label(created.queue)
-            self._metrics.enqueued.labels(queue, self._metrics.task_label(created.task_type)).inc()
+            self._metrics.count_enqueued(created.queue, created.task_type, row.tenant)
         return created

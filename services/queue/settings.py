@@ -10,7 +10,7 @@ from common.contracts import (
     MAX_ATTEMPTS_MIN,
     VISIBILITY_TIMEOUT_MAX,
 )
-from common.settings import BaseServiceSettings, Duration, Port, Token
+from common.settings import Duration, HttpServiceSettings, Port, Token
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/jobq"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -38,7 +38,7 @@ def plain_database_url(url: str) -> str:
     return "postgresql://" + _rest(url)
 
 
-class QueueSettings(BaseServiceSettings):
+class QueueSettings(HttpServiceSettings):
     """Everything the queue service reads from its environment.
 
     Durations are seconds (accepting `500ms`, `5m`, `14d`); `redis_url` may be empty to run

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import signal
 
-import httpx
 import uvicorn
 import uvloop
 from prometheus_client import CollectorRegistry
@@ -19,6 +18,7 @@ from services.worker.app import EmbeddedServer, create_app
 from services.worker.client import QueueClient
 from services.worker.metrics import WorkerMetrics
 from services.worker.processors import build_registry
+from services.worker.processors.webhook import webhook_client
 from services.worker.runner import Worker
 from services.worker.settings import WorkerSettings
 
@@ -33,11 +33,9 @@ async def run(settings: WorkerSettings) -> None:
         loop.add_signal_handler(sig, shutdown.set)
     registry = CollectorRegistry(auto_describe=True)
     metrics = WorkerMetrics(registry, settings.worker_concurrency)
-    # Webhook traffic ignores proxy variables: a proxy would resolve the destination itself and
-    # bypass the private-address guard.
-    outbound = httpx.AsyncClient(
-        trust_env=False, follow_redirects=False, timeout=settings.webhook_timeout
-    )
+    # Webhooks connect only to the addresses they checked (and ignore proxy variables: a proxy
+    # would resolve the destination itself and bypass the private-address guard).
+    outbound = webhook_client(settings.webhook_timeout)
     token = settings.queue_internal_token
     queue_http = ServiceClient(
         settings.queue_service_url,

@@ -289,9 +289,7 @@ class Worker:
 
     async def _invoke(self, registration: Registration, job: JobMessage) -> Any:
         """Run the processor under its timeout; returns its result or a Failure."""
-        timeout = (
-            job.timeout_seconds or registration.timeout_seconds or self._settings.worker_job_timeout
-        )
+        timeout = registration.timeout(job.timeout_seconds, self._settings.worker_job_timeout)
         context = JobContext(
             id=job.id,
             task_type=job.task_type,

@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 import re
 import socket
-from typing import Annotated
 
 from pydantic import Field, field_validator
-from pydantic_settings import NoDecode
 
 from common.contracts import (
     CLAIM_MAX,
@@ -17,14 +15,12 @@ from common.contracts import (
     WAIT_SECONDS_MAX,
     WORKER_NAME_MAX,
 )
-from common.settings import BaseServiceSettings, Duration, Port, Token
+from common.settings import CommaList, Duration, EmailPolicySettings, Port, Token, parse_duration
 
 
 def _default_worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"[:200]
 
-
-CommaList = Annotated[list[str], NoDecode]
 
 DEFAULT_CONCURRENCY = 32
 """Jobs a worker runs at once by default. Processors are coroutines, so I/O-bound jobs overlap;
@@ -32,7 +28,7 @@ and a claim asks for every free slot at once, so more slots mean fewer, larger c
 slots a worker spends most of its time on round trips: docs/architecture.md#performance)."""
 
 
-class WorkerSettings(BaseServiceSettings):
+class WorkerSettings(EmailPolicySettings):
     """Everything a worker replica reads from its environment.
 
     List settings are comma-separated (`WORKER_QUEUES=default,email`).
@@ -61,15 +57,7 @@ class WorkerSettings(BaseServiceSettings):
     smtp_timeout: Duration = 10.0
     webhook_allowed_hosts: CommaList = []
     webhook_timeout: Duration = 10.0
-
-    @field_validator(
-        "worker_queues", "worker_processor_modules", "webhook_allowed_hosts", mode="before"
-    )
-    @classmethod
-    def _split(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+    worker_timeout_caps: CommaList = []
 
     @field_validator("worker_queues")
     @classmethod
@@ -81,9 +69,44 @@ class WorkerSettings(BaseServiceSettings):
             raise ValueError(f"not queue names: {bad} (pattern {NAME_PATTERN})")
         return value
 
+    @field_validator("webhook_allowed_hosts")
+    @classmethod
+    def _allowed_hosts(cls, value: list[str]) -> list[str]:
+        from services.worker.processors.webhook import AllowedHost
+
+        for entry in value:
+            AllowedHost.parse(entry)
+        return value
+
+    @field_validator("worker_timeout_caps")
+    @classmethod
+    def _caps(cls, value: list[str]) -> list[str]:
+        _parse_caps(value)
+        return value
+
+    def timeout_caps(self) -> dict[str, float]:
+        """{task type: most seconds a job of it may ask for} from `WORKER_TIMEOUT_CAPS`."""
+        return _parse_caps(self.worker_timeout_caps)
+
     @field_validator("worker_job_timeout")
     @classmethod
     def _positive(cls, value: float) -> float:
         if value <= 0:
             raise ValueError("WORKER_JOB_TIMEOUT must be greater than zero")
         return value
+
+
+def _parse_caps(entries: list[str]) -> dict[str, float]:
+    """`task-type:duration` entries (`webhook:60s`) into {task type: seconds}; raises
+    ValueError for a bad name, duration or a task type listed twice."""
+    caps: dict[str, float] = {}
+    for entry in entries:
+        task_type, sep, duration = entry.partition(":")
+        task_type = task_type.strip()
+        if not sep or not re.match(NAME_PATTERN, task_type):
+            raise ValueError(f"{entry!r}: expected task-type:duration, e.g. webhook:60s")
+        seconds = parse_duration(duration.strip())
+        if seconds <= 0 or task_type in caps:
+            raise ValueError(f"{entry!r}: a positive duration, once per task type")
+        caps[task_type] = seconds
+    return caps

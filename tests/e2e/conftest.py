@@ -36,12 +36,17 @@ async def stack(
 
 
 async def wait_for_status(
-    client: httpx.AsyncClient, job_id: str, statuses: set[str], within: float = 30
+    client: httpx.AsyncClient,
+    job_id: str,
+    statuses: set[str],
+    within: float = 30,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Poll `GET /jobs/{id}` until the job is in one of `statuses`; returns its view."""
+    """Poll `GET /jobs/{id}` (with `headers`) until the job is in one of `statuses`; returns
+    its view."""
     deadline = time.monotonic() + within
     while True:
-        view: dict[str, Any] = (await client.get(f"/jobs/{job_id}")).json()
+        view: dict[str, Any] = (await client.get(f"/jobs/{job_id}", headers=headers)).json()
         if view.get("status") in statuses:
             return view
         if time.monotonic() > deadline:

@@ -64,6 +64,15 @@ async def test_enqueue_validates_and_honours_idempotency(stack: LocalStack) -> N
         assert again.job_id == first.job_id
         with pytest.raises(IdempotencyConflict):
             await enqueue(connection, "noop", {"a": 2}, idempotency_key=key)
+        # Keys are unique per tenant: another tenant's same key is its own job.
+        other = await enqueue(connection, "noop", {"a": 2}, idempotency_key=key, tenant="acme")
+        assert other.job_id != first.job_id
+        replay = await enqueue(connection, "noop", {"a": 2}, idempotency_key=key, tenant="acme")
+        assert replay.job_id == other.job_id
+        owner = await connection.fetchval("SELECT tenant FROM job WHERE id = $1", other.job_id)
+        assert owner == "acme"
+        with pytest.raises(InvalidInput):
+            await enqueue(connection, "noop", {}, tenant="Not A Tenant")
         with pytest.raises(InvalidInput) as bad:
             await enqueue(connection, "Bad Name", {})
         assert bad.value.errors[0]["pointer"] == "/taskType"

@@ -7,33 +7,23 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from pydantic import SecretStr
 
-from common.access import parse_api_keys
-from services.producer.app import create_app as create_producer
-from services.producer.settings import ProducerSettings
-from services.queue.app import create_app as create_queue
-from services.queue.settings import QueueSettings
-from tests.conftest import serving
+from common.access import Caller, Role, parse_api_keys
+from tests.conftest import INTERNAL_TOKEN, guarded_services
 
-ADMIN, SUBMIT, TOKEN = "admin-key-0123456789", "submit-key-0123456789", "internal-0123456789abc"
+ADMIN, SUBMIT = "admin-key-0123456789", "submit-key-0123456789"
+TOKEN = INTERNAL_TOKEN
 
 
 @pytest.fixture
 async def services(
     clean_database: str, redis_url: str
 ) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
-    queue_settings = QueueSettings(
-        database_url=clean_database, redis_url=redis_url, queue_internal_token=SecretStr(TOKEN)
-    )
-    async with serving(create_queue(queue_settings)) as queue:
-        producer_settings = ProducerSettings(
-            queue_service_url=str(queue.base_url),
-            queue_internal_token=SecretStr(TOKEN),
-            jobq_api_keys=SecretStr(f"admin:{ADMIN},submit:{SUBMIT}"),
-        )
-        async with serving(create_producer(producer_settings)) as producer:
-            yield producer, queue
+    async with guarded_services(clean_database, redis_url, f"admin:{ADMIN},submit:{SUBMIT}") as (
+        producer,
+        queue,
+    ):
+        yield producer, queue
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -89,8 +79,62 @@ async def test_queue_service_requires_the_internal_token(
 
 
 def test_api_key_specs() -> None:
-    assert parse_api_keys(f"admin:{ADMIN}, submit:{SUBMIT}") == {ADMIN: "admin", SUBMIT: "submit"}
-    for bad in ("root:" + ADMIN, "admin:short", f"admin:{ADMIN},submit:{ADMIN}", ADMIN):
+    assert parse_api_keys(f"admin:{ADMIN}, submit:{SUBMIT}") == {
+        ADMIN: Caller(Role.ADMIN, "default"),
+        SUBMIT: Caller(Role.SUBMIT, "default"),
+    }
+    assert parse_api_keys(f"admin:*:{ADMIN}\n# a comment\n\nsubmit:acme:{SUBMIT}") == {
+        ADMIN: Caller(Role.ADMIN, "*"),
+        SUBMIT: Caller(Role.SUBMIT, "acme"),
+    }
+    # A key with a colon in the old form stays one key when its head is no tenant name.
+    assert parse_api_keys(f"submit:Ab:{SUBMIT}") == {f"Ab:{SUBMIT}": Caller(Role.SUBMIT, "default")}
+    for bad in (
+        "root:" + ADMIN,
+        "admin:short",
+        f"admin:{ADMIN},submit:{ADMIN}",
+        ADMIN,
+        f"submit:*:{SUBMIT}",
+        f"admin:acme:{ADMIN},submit:globex:{ADMIN}",
+    ):
         with pytest.raises(ValueError) as error:
             parse_api_keys(bad)
         assert ADMIN not in str(error.value), "a key must never appear in an error"
+
+
+async def test_a_wrong_internal_token_is_the_producers_problem_not_the_callers(
+    clean_database: str, redis_url: str
+) -> None:
+    async with guarded_services(
+        clean_database, redis_url, f"admin:{ADMIN}", producer_token="not-the-token-0123456789"
+    ) as (producer, queue):
+        submit = await producer.post(
+            "/jobs", json={"taskType": "noop", "payload": {}}, headers=bearer(ADMIN)
+        )
+        read = await producer.get(
+            "/jobs/00000000-0000-0000-0000-000000000000", headers=bearer(ADMIN)
+        )
+        ready = await producer.get("/health/ready")
+        # The queue service's probes need no token, but refuse a wrong one.
+        assert (await queue.get("/health/live")).status_code == 200
+        wrong = await queue.get("/health/live", headers=bearer("not-the-token-0123456789"))
+        assert wrong.status_code == 401
+    for reply in (submit, read):
+        assert reply.status_code == 503
+        assert reply.json()["type"] == "urn:jobq:problem:upstream-misconfigured"
+        assert reply.json()["title"] == "Upstream misconfigured"
+        assert "token" not in reply.text.lower(), "the queue's own 401 text stays inside"
+        assert reply.headers["retry-after"]
+    assert ready.status_code == 503
+    assert ready.json()["queueService"] == "misconfigured"
+
+
+async def test_the_api_description_is_served_without_a_documentation_ui(
+    services: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    producer, _ = services
+    document = await producer.get("/schema/openapi.json")
+    assert document.status_code == 200
+    assert document.json()["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    for ui in ("/schema/swagger", "/schema/redoc", "/schema/elements", "/schema/rapidoc"):
+        assert (await producer.get(ui)).status_code == 404, ui

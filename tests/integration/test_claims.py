@@ -144,7 +144,8 @@ async def test_the_claim_is_an_ordered_index_walk_for_one_queue_and_for_several(
         ("heartbeat", HEARTBEAT_STATEMENT, f"{SETTLE_ARRAYS}, ARRAY[30], ARRAY['requested']"),
         ("reaper", REAP_STATEMENT, "500"),
         ("scheduler", PROMOTE_STATEMENT, "500"),
-        ("redrive", REDRIVE_STATEMENT, "NULL, NULL, 500"),
+        ("redrive", REDRIVE_STATEMENT, "NULL, NULL, 500, NULL"),
+        ("redrive of one tenant", REDRIVE_STATEMENT, "NULL, NULL, 500, 'acme'"),
         ("retention", RETENTION_STATEMENT, "60, 500"),
     ],
 )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import asyncpg
+import pytest
 
 from services.queue.app import head_revision
 from tests.conftest import _admin, migrate
@@ -52,8 +55,69 @@ async def test_upgrade_check_downgrade_upgrade(
             "ix_job_retention",
             "ix_job_status_id",
             "ix_job_queue_id",
-            "uq_job_idempotency_key",
+            "ix_job_tenant_id",
+            "uq_job_tenant_idempotency_key",
             "pk_job",
         } <= indexes
+        assert "uq_job_idempotency_key" not in indexes, "keys are unique per tenant now"
+    finally:
+        await _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+_OLD_INSERT = """
+INSERT INTO job (id, queue, task_type, payload, status, max_attempts, visible_at,
+                 idempotency_key)
+VALUES (gen_random_uuid(), 'default', 'noop', '{}', 'PENDING', 5, now(), $1)
+ON CONFLICT DO NOTHING RETURNING id
+"""
+"""How the release before tenants inserts: no tenant column, no conflict target."""
+
+
+async def test_tenants_migration_keeps_old_rows_and_the_previous_release_working(
+    postgres_base: str, fresh_database_name: str
+) -> None:
+    name = fresh_database_name
+    url = f"{postgres_base}/{name}"
+    await _admin(
+        postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"'
+    )
+    try:
+        migrate(url, "upgrade", "5d2e8c71a4f9")
+        connection = await asyncpg.connect(url)
+        try:
+            old = await connection.fetchval(_OLD_INSERT, "k")
+        finally:
+            await connection.close()
+
+        migrate(url, "upgrade", "e7a175e0028d")
+        connection = await asyncpg.connect(url)
+        try:
+            assert await connection.fetchval("SELECT tenant FROM job WHERE id = $1", old) == (
+                "default"
+            )
+            # The previous release still inserts (into `default`) and still sees its keys
+            # as unique.
+            assert await connection.fetchval(_OLD_INSERT, "k2") is not None
+            assert await connection.fetchval(_OLD_INSERT, "k") is None
+            await connection.execute(
+                "INSERT INTO job (id, tenant, queue, task_type, payload, status, max_attempts,"
+                " visible_at, idempotency_key) VALUES (gen_random_uuid(), 'acme', 'default',"
+                " 'noop', '{}', 'PENDING', 5, now(), 'k')"
+            )
+        finally:
+            await connection.close()
+
+        # Two tenants share the key "k": going back to global keys must refuse, untouched.
+        with pytest.raises(subprocess.CalledProcessError) as refused:
+            migrate(url, "downgrade", "5d2e8c71a4f9")
+        assert "uq_job_idempotency_key" in refused.value.stderr
+        connection = await asyncpg.connect(url)
+        try:
+            assert await connection.fetchval("SELECT version_num FROM alembic_version") == (
+                "e7a175e0028d"
+            )
+            assert await connection.fetchval("SELECT count(DISTINCT tenant) FROM job") == 2
+        finally:
+            await connection.close()
     finally:
         await _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

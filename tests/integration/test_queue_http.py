@@ -115,7 +115,7 @@ async def test_queue_depth_and_metrics(client: httpx.AsyncClient) -> None:
     assert entry["source"] in ("redis", "postgres")
 
     metrics = (await client.get("/metrics")).text
-    assert 'jobq_enqueued_total{queue="q1",task_type="noop"} 4.0' in metrics
+    assert 'jobq_enqueued_total{queue="q1",task_type="noop",tenant="default"} 4.0' in metrics
     assert 'jobq_jobs{queue="q1",status="PENDING"} 3.0' in metrics
 
 

@@ -21,3 +21,14 @@ def test_every_bound_reaches_the_documents() -> None:
     assert submit["timeoutSeconds"]["maximum"] == 43_200
     assert submit["taskType"]["pattern"].startswith("^[a-z0-9]")
     assert submit["idempotencyKey"]["maxLength"] == 255
+
+
+@pytest.mark.parametrize("name", ["producer.json", "queue.json"])
+def test_documents_declare_the_bearer_scheme(name: str) -> None:
+    document = generate()[name]
+    assert document["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": document["components"]["securitySchemes"]["bearer"]["description"],
+    }
+    assert document["security"] == [{"bearer": []}]

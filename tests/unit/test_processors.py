@@ -16,6 +16,7 @@ import httpx
 import pytest
 from aiosmtpd.controller import Controller
 
+from common.mail import EmailPolicy
 from services.worker.processors import (
     JobContext,
     NonRetryable,
@@ -25,7 +26,12 @@ from services.worker.processors import (
 )
 from services.worker.processors.basic import noop, sleep
 from services.worker.processors.email import EmailProcessor
-from services.worker.processors.webhook import WebhookProcessor, check_destination
+from services.worker.processors.webhook import (
+    AllowedHost,
+    WebhookProcessor,
+    check_destination,
+    non_public_reason,
+)
 from services.worker.settings import WorkerSettings
 
 PUBLIC_IP = "93.184.216.34"
@@ -62,44 +68,65 @@ def job(payload: dict[str, Any], task_type: str = "webhook") -> JobContext:
 )
 def test_check_destination_refuses_non_public(address: str, reason: str) -> None:
     with pytest.raises(NonRetryable) as caught:
-        check_destination("hooks.example.com", [address], [])
+        check_destination("hooks.example.com", [address])
     message = str(caught.value)
     assert "'hooks.example.com'" in message
-    assert f"({reason})" in message
+    found = non_public_reason(address)
+    assert found is not None and found[1] == reason
+    assert f"({found[0]})" in message
+    if address != "not-an-ip":
+        assert address not in message, "a resolved address must not reach lastError"
 
 
 def test_check_destination_refuses_if_any_address_is_internal() -> None:
-    with pytest.raises(NonRetryable, match=r"10\.0\.0\.1"):
-        check_destination("mixed.example.com", [PUBLIC_IP, "10.0.0.1"], [])
+    with pytest.raises(NonRetryable, match="private"):
+        check_destination("mixed.example.com", [PUBLIC_IP, "10.0.0.1"])
 
 
 def test_check_destination_refuses_empty_resolution() -> None:
     with pytest.raises(NonRetryable, match="no addresses"):
-        check_destination("hooks.example.com", [], [])
+        check_destination("hooks.example.com", [])
 
 
 @pytest.mark.parametrize("address", [PUBLIC_IP, "::ffff:93.184.216.34", "2606:2800:220:1::1"])
 def test_check_destination_allows_public(address: str) -> None:
-    check_destination("example.com", [address], [])
+    check_destination("example.com", [address])
 
 
 @pytest.mark.parametrize(
-    ("host", "allowed"),
+    ("host", "port", "entry"),
     [
-        ("localhost", ["localhost"]),
-        ("LocalHost", ["localhost"]),
-        ("localhost", [" LOCALHOST "]),
-        ("127.0.0.1", ["127.0.0.1"]),
-        ("::1", ["[::1]"]),
+        ("localhost", 80, "localhost"),
+        ("LocalHost", 80, "localhost"),
+        ("localhost", 9000, " LOCALHOST "),
+        ("localhost", 9000, "localhost:9000"),
+        ("127.0.0.1", 443, "127.0.0.1"),
+        ("127.0.0.1", 8080, "127.0.0.1:8080"),
+        ("::1", 80, "[::1]"),
+        ("::1", 80, "::1"),
+        ("[::1]", 8443, "[::1]:8443"),
     ],
 )
-def test_check_destination_allowlist(host: str, allowed: list[str]) -> None:
-    check_destination(host, ["127.0.0.1", "::1"], allowed)
+def test_allowed_hosts_match_host_and_port(host: str, port: int, entry: str) -> None:
+    assert AllowedHost.parse(entry).admits(host, port)
 
 
-def test_allowlist_is_exact_hostname() -> None:
-    with pytest.raises(NonRetryable):
-        check_destination("evil.localhost", ["127.0.0.1"], ["localhost"])
+@pytest.mark.parametrize(
+    ("host", "port", "entry"),
+    [
+        ("evil.localhost", 80, "localhost"),
+        ("localhost", 9001, "localhost:9000"),
+        ("::1", 80, "[::1]:8443"),
+    ],
+)
+def test_allowed_hosts_are_exact(host: str, port: int, entry: str) -> None:
+    assert not AllowedHost.parse(entry).admits(host, port)
+
+
+@pytest.mark.parametrize("entry", ["", "host:", "host:0", "host:70000", "[::1]x", ":80"])
+def test_bad_allowed_host_entries_are_refused(entry: str) -> None:
+    with pytest.raises(ValueError):
+        AllowedHost.parse(entry)
 
 
 # --- webhook ------------------------------------------------------------------------------------
@@ -263,11 +290,11 @@ async def test_webhook_refuses_loopback_via_real_resolution() -> None:
 
 
 async def test_webhook_allowlisted_host_skips_guard() -> None:
-    async def no_dns(host: str, port: int) -> list[str]:
-        raise AssertionError("an allowlisted host needs no resolution")
+    async def loopback(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(200)))
-    processor = WebhookProcessor(http, ["LOCALHOST"], 5.0, resolver=no_dns)
+    processor = WebhookProcessor(http, ["LOCALHOST"], 5.0, resolver=loopback)
     assert await processor(job({"url": "http://localhost:9000/hook"})) == {"status": 200}
 
 
@@ -348,15 +375,38 @@ async def test_email_is_delivered_with_stable_message_id(smtp: tuple[Collector, 
     assert str(message.get_payload()).strip() == "Hi there"
 
 
-async def test_email_single_recipient_and_custom_from(smtp: tuple[Collector, int]) -> None:
+async def test_email_from_an_allowed_sender_keeps_the_envelope_sender(
+    smtp: tuple[Collector, int],
+) -> None:
     collector, port = smtp
-    processor = EmailProcessor("127.0.0.1", port, "jobq@localhost", 5.0)
-    payload = {"to": "c@example.com", "subject": "S", "from": "team@example.com"}
+    policy = EmailPolicy.of(["team@example.com"], [])
+    processor = EmailProcessor("127.0.0.1", port, "jobq@localhost", 5.0, policy)
+    payload = {
+        "to": "c@example.com",
+        "subject": "S",
+        "from": "team@example.com",
+        "replyTo": "me@elsewhere.example",
+    }
     result = await processor(job(payload, "email"))
     assert result["recipients"] == ["c@example.com"]
     ((mail_from, _, message),) = collector.messages
-    assert mail_from == "team@example.com"
+    assert mail_from == "jobq@localhost", "the envelope sender is always the operator's"
     assert message["From"] == "team@example.com"
+    assert message["Reply-To"] == "me@elsewhere.example"
+
+
+async def test_email_is_no_open_relay(smtp: tuple[Collector, int]) -> None:
+    collector, port = smtp
+    processor = EmailProcessor(
+        "127.0.0.1", port, "jobq@localhost", 5.0, EmailPolicy.of([], ["example.com"])
+    )
+    spoof = {"to": "victim@example.com", "from": "security@bank.example", "subject": "Reset"}
+    with pytest.raises(NonRetryable, match="/from"):
+        await processor(job(spoof, "email"))
+    outside = {"to": ["a@example.com", "victim@example.net"], "subject": "S"}
+    with pytest.raises(NonRetryable, match="/to/1"):
+        await processor(job(outside, "email"))
+    assert collector.messages == []
 
 
 @pytest.mark.parametrize(
@@ -387,17 +437,18 @@ async def test_email_connection_refused_retries() -> None:
 @pytest.mark.parametrize(
     ("payload", "message"),
     [
-        ({"subject": "S"}, "needs `to`"),
-        ({"to": [], "subject": "S"}, "needs `to`"),
+        ({"subject": "S"}, "need `to`"),
+        ({"to": [], "subject": "S"}, "need `to`"),
         ({"to": "nobody", "subject": "S"}, "not an address"),
         ({"to": "a@b@c", "subject": "S"}, "not an address"),
         ({"to": "a@example.com, evil@example.com", "subject": "S"}, "not an address"),
-        ({"to": ["a@example.com", 5], "subject": "S"}, "must be strings"),
-        ({"to": "a@example.com"}, "needs `subject`"),
+        ({"to": ["a@example.com", 5], "subject": "S"}, "is a string"),
+        ({"to": "a@example.com"}, "need `subject`"),
         ({"to": "a@example.com", "subject": "a\r\nBcc: x@y"}, "single line"),
-        ({"to": "a@example.com", "subject": "S", "body": 3}, "`body` must be a string"),
-        ({"to": "a@example.com", "subject": "S", "from": "x"}, "`from`"),
-        ({"to": "a@example.com", "subject": "S", "cc": "b@example.com"}, "unknown keys"),
+        ({"to": "a@example.com", "subject": "S", "body": 3}, "body must be a string"),
+        ({"to": "a@example.com", "subject": "S", "from": "x"}, "/from"),
+        ({"to": "a@example.com", "subject": "S", "replyTo": "x"}, "/replyTo"),
+        ({"to": "a@example.com", "subject": "S", "cc": "b@example.com"}, "/cc: unknown key"),
         ({"to": [f"u{i}@example.com" for i in range(101)], "subject": "S"}, "at most 100"),
     ],
 )
@@ -482,3 +533,38 @@ def test_registry_module_that_fails_on_import(
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(RuntimeError, match=r"'jobq_test_broken'.*boom"):
         registry_for("jobq_test_broken")
+
+
+# --- timeouts -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("own", "ceiling", "requested", "expected"),
+    [
+        (None, None, None, 900.0),  # the worker's default
+        (60.0, None, None, 60.0),  # the processor's default
+        (None, None, 43_200.0, 900.0),  # a submitter cannot go above WORKER_JOB_TIMEOUT
+        (None, None, 30.0, 30.0),  # … but may ask for less
+        (3600.0, None, 43_200.0, 3600.0),  # a processor's longer default is the ceiling
+        (None, 120.0, 43_200.0, 120.0),  # an operator's cap
+        (None, 7200.0, 5000.0, 5000.0),  # a cap above the worker's default, on purpose
+    ],
+)
+def test_a_jobs_timeout_is_capped(
+    own: float | None, ceiling: float | None, requested: float | None, expected: float
+) -> None:
+    registration = ProcessorRegistry()
+    registration.register("t", noop, timeout_seconds=own, max_timeout_seconds=ceiling)
+    found = registration.get("t")
+    assert found is not None and found.timeout(requested, 900.0) == expected
+
+
+def test_operators_cap_timeouts_per_task_type() -> None:
+    http = httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(200)))
+    registry = build_registry(WorkerSettings(worker_timeout_caps="webhook:1m, sleep:2h"), http)  # type: ignore[arg-type]
+    webhook, slow = registry.get("webhook"), registry.get("sleep")
+    assert webhook is not None and webhook.timeout(43_200, 900) == 60
+    assert slow is not None and slow.timeout(43_200, 900) == 7200
+    for bad in ("webhook", "webhook:0", "Bad Name:5s", "webhook:5s,webhook:6s", "webhook:soon"):
+        with pytest.raises(ValueError):
+            WorkerSettings(worker_timeout_caps=bad)  # type: ignore[arg-type]

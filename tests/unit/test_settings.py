@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -92,3 +94,87 @@ def test_api_keys_set_but_empty_refuse_to_start(
     monkeypatch.setenv("JOBQ_API_KEYS", blank)
     with pytest.raises(ValidationError, match="jobq_api_keys"):
         ProducerSettings()
+
+
+def test_security_settings_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from services.producer.settings import ProducerSettings
+
+    keys = tmp_path / "keys"
+    keys.write_text(
+        "# tenants\nsubmit:acme:acme-key-0123456789ab\n\nadmin:*:root-key-0123456789ab\n"
+    )
+    monkeypatch.setenv("JOBQ_API_KEYS", "submit:globex:globex-key-0123456789")
+    monkeypatch.setenv("JOBQ_API_KEYS_FILE", str(keys))
+    monkeypatch.setenv("PRODUCER_RATE_LIMIT", "2000/second")
+    monkeypatch.setenv("SMTP_TENANT_RATE", "off")
+    monkeypatch.setenv("SMTP_ALLOWED_SENDERS", "alerts@acme.example, @news.acme.example")
+    monkeypatch.setenv("HTTP_HEADER_TIMEOUT", "2s")
+    monkeypatch.setenv("HTTP_MAX_HEADER_BYTES", "16KiB")
+    monkeypatch.setenv("HTTP_MAX_CONNECTIONS", "100")
+    monkeypatch.setenv("JOBQ_INSECURE_OPEN_ACCESS", "1")
+
+    settings = ProducerSettings()
+    api_keys = settings.api_keys()
+    assert len(api_keys) == 3 and api_keys.tenants() == {"acme", "globex", "*"}
+    resolved = api_keys.resolve("acme-key-0123456789ab")
+    assert resolved is not None and resolved.tenant == "acme"
+    assert settings.producer_rate_limit == ("second", 2000)
+    assert settings.smtp_tenant_rate is None
+    assert settings.email_policy().sender_allowed("x@news.acme.example")
+    limits = settings.server_limits()
+    assert (limits.header_timeout, limits.max_header_bytes, limits.max_connections) == (
+        2.0,
+        16384,
+        100,
+    )
+    assert settings.jobq_insecure_open_access is True
+    assert ProducerSettings(_env_file=None).http_body_timeout == 30.0  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("PRODUCER_RATE_LIMIT", "fast"),
+        ("PRODUCER_RATE_LIMIT", "0/second"),
+        ("SMTP_TENANT_RATE", "10 per minute"),
+        ("SMTP_ALLOWED_SENDERS", "not-an-address"),
+        ("SMTP_ALLOWED_RECIPIENT_DOMAINS", "a@b.example"),
+        ("HTTP_HEADER_TIMEOUT", "0"),
+        ("HTTP_MAX_HEADER_BYTES", "10"),
+        ("JOBQ_API_KEYS_FILE", "/nonexistent/keys"),
+        ("JOBQ_API_KEYS", "submit:*:submit-key-0123456789"),
+    ],
+)
+def test_bad_security_settings_refuse_to_start(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    from services.producer.settings import ProducerSettings
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValidationError):
+        ProducerSettings()
+
+
+def test_a_key_in_both_the_variable_and_the_file_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from services.producer.settings import ProducerSettings
+
+    keys = tmp_path / "keys"
+    keys.write_text("submit:acme:shared-key-0123456789\n")
+    monkeypatch.setenv("JOBQ_API_KEYS", "admin:*:shared-key-0123456789")
+    monkeypatch.setenv("JOBQ_API_KEYS_FILE", str(keys))
+    with pytest.raises(ValidationError, match="listed in JOBQ_API_KEYS and the keys file") as error:
+        ProducerSettings()
+    assert "shared-key" not in str(error.value), "a key must never appear in an error"
+
+
+@pytest.mark.parametrize("value", ["localhost:0", "[::1", "a:b:c:d:e:x]:1"])
+def test_bad_webhook_allowed_hosts_refuse_to_start(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("WEBHOOK_ALLOWED_HOSTS", value)
+    with pytest.raises(ValidationError, match="webhook_allowed_hosts"):
+        WorkerSettings()

@@ -15,9 +15,11 @@ function, make it importable on the worker's `PYTHONPATH`, and list its dotted p
     def register(registry: ProcessorRegistry) -> None:
         registry.register("resize-image", resize)
 
-`register` may pass `timeout_seconds=` to give a task type its own default job timeout; a name
-registered later replaces a built-in of the same name. Raise `Retry` for transient failures and
-`NonRetryable` when retrying cannot help (see `base`).
+`register` may pass `timeout_seconds=` to give a task type its own default job timeout and
+`max_timeout_seconds=` to bound what a job may ask for with its `timeoutSeconds` (by default, no
+more than the larger of that default and `WORKER_JOB_TIMEOUT`; operators override it with
+`WORKER_TIMEOUT_CAPS`); a name registered later replaces a built-in of the same name. Raise
+`Retry` for transient failures and `NonRetryable` when retrying cannot help (see `base`).
 """
 
 from __future__ import annotations
@@ -66,13 +68,18 @@ def build_registry(settings: WorkerSettings, http: httpx.AsyncClient) -> Process
     registry.register(
         "email",
         EmailProcessor(
-            settings.smtp_host, settings.smtp_port, settings.smtp_sender, settings.smtp_timeout
+            settings.smtp_host,
+            settings.smtp_port,
+            settings.smtp_sender,
+            settings.smtp_timeout,
+            settings.email_policy(),
         ),
     )
     registry.register("noop", noop)
     registry.register("sleep", sleep)
     for module_path in settings.worker_processor_modules:
         load_processor_module(registry, module_path)
+    registry.cap_timeouts(settings.timeout_caps())
     return registry
 
 

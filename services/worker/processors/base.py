@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -47,10 +47,23 @@ class NonRetryable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Registration:
-    """A processor and its default timeout in seconds (None: the worker's default)."""
+    """A processor, its default timeout in seconds (None: the worker's default), and the most
+    a job may ask for with its own `timeoutSeconds` (None: see `timeout`)."""
 
     processor: Processor
     timeout_seconds: float | None = None
+    max_timeout_seconds: float | None = None
+
+    def timeout(self, requested: float | None, worker_default: float) -> float:
+        """The deadline of one run, in seconds: the job's `requested` timeout, capped at
+        `max_timeout_seconds` (when unset, at the larger of this processor's default and
+        `worker_default`, so a submitter never gets more time than the operator gave), or
+        without a request this processor's default, else `worker_default`."""
+        default = self.timeout_seconds or worker_default
+        if requested is None:
+            return default
+        ceiling = self.max_timeout_seconds or max(default, worker_default)
+        return min(requested, ceiling)
 
 
 class ProcessorRegistry:
@@ -61,10 +74,26 @@ class ProcessorRegistry:
         self._by_task_type: dict[str, Registration] = {}
 
     def register(
-        self, task_type: str, processor: Processor, *, timeout_seconds: float | None = None
+        self,
+        task_type: str,
+        processor: Processor,
+        *,
+        timeout_seconds: float | None = None,
+        max_timeout_seconds: float | None = None,
     ) -> None:
-        """Register `processor` for `task_type`, replacing any earlier one."""
-        self._by_task_type[task_type] = Registration(processor, timeout_seconds)
+        """Register `processor` for `task_type`, replacing any earlier one; the timeouts are
+        those of `Registration`."""
+        self._by_task_type[task_type] = Registration(
+            processor, timeout_seconds, max_timeout_seconds
+        )
+
+    def cap_timeouts(self, caps: dict[str, float]) -> None:
+        """Cap the timeout jobs of each task type in `caps` may ask for, in seconds
+        (`WORKER_TIMEOUT_CAPS`); task types not registered are ignored."""
+        for task_type, seconds in caps.items():
+            registration = self._by_task_type.get(task_type)
+            if registration is not None:
+                self._by_task_type[task_type] = replace(registration, max_timeout_seconds=seconds)
 
     def get(self, task_type: str) -> Registration | None:
         """The registration for `task_type`, or None when no processor handles it."""

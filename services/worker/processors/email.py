@@ -1,11 +1,9 @@
 """The `email` processor: send one plain-text message through the configured SMTP relay.
 
-Payload (a JSON object; other keys are refused):
-
-    {"to": "a@example.com" | ["a@example.com", ...],   # required, 1..100 addresses
-     "subject": "Hello",                                 # required, one line
-     "body": "text",                                     # optional, default ""
-     "from": "team@example.com"}                         # optional, default SMTP_SENDER
+The payload and the sending policy are those of `common.mail` (docs/architecture.md#email),
+checked when the job was submitted and again here: the envelope sender is always `SMTP_SENDER`,
+the `From` header is `SMTP_SENDER` or a chosen sender allowed by `SMTP_ALLOWED_SENDERS`, and
+`replyTo` becomes `Reply-To`.
 
 Delivery is at-least-once, so the `Message-ID` is derived from the job id (`<job-id@jobq>`): a
 retry of the same job produces the same id, which receivers and relays can deduplicate on (RFC 5322
@@ -17,58 +15,47 @@ connection errors and timeouts → `Retry`.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from email.errors import MessageError
 from email.message import EmailMessage
 from email.utils import formatdate
-from typing import Any, Final
+from typing import Any
 
 import aiosmtplib
 
+from common.mail import EmailPolicy, EmailRequest, parse_email
+from common.payloads import PayloadProblem
 from services.worker.processors.base import JobContext, NonRetryable, Retry
-
-MAX_RECIPIENTS: Final = 100  # RFC 5321 §4.5.3.1.8: relays must accept at least 100
-_PAYLOAD_KEYS: Final = frozenset({"to", "subject", "body", "from"})
-# Deliberately loose (one '@', something either side) but rejecting characters that would let an
-# "address" smuggle extra header syntax or recipients.
-_ADDRESS: Final = re.compile(
-    r"[^@\s<>()\[\]\\,;:\"\x00-\x1f\x7f]+@[^@\s<>()\[\]\\,;:\"\x00-\x1f\x7f]+"
-)
-_MAX_ADDRESS_LENGTH: Final = 254
-
-
-@dataclass(frozen=True, slots=True)
-class EmailRequest:
-    """A validated payload: recipients (deduplicated, in order), subject, body, sender or None."""
-
-    recipients: list[str]
-    subject: str
-    body: str
-    sender: str | None
 
 
 class EmailProcessor:
     """Sends the payload as a plain-text message via SMTP at `host:port` (no TLS), `timeout` in
-    seconds per SMTP operation, from `sender` unless the payload names one."""
+    seconds per SMTP operation, with `sender` as the envelope sender always and as `From`
+    unless the payload names a sender `policy` allows."""
 
-    def __init__(self, host: str, port: int, sender: str, timeout: float) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        sender: str,
+        timeout: float,
+        policy: EmailPolicy | None = None,
+    ) -> None:
         self._host = host
         self._port = port
         self._sender = sender
         self._timeout = timeout
+        self._policy = policy or EmailPolicy()
 
     async def __call__(self, job: JobContext) -> dict[str, Any]:
         """Send one attempt; returns the Message-ID and accepted recipients."""
-        request = parse_email_payload(job.payload)
-        sender = request.sender or self._sender
-        message = build_message(job.id, request, sender)
+        request = parse_email_payload(job.payload, self._policy)
+        message = build_message(job.id, request, request.sender or self._sender)
         try:
             refused, _ = await aiosmtplib.send(
                 message,
-                sender=sender,
+                sender=self._sender,
                 recipients=request.recipients,
                 hostname=self._host,
                 port=self._port,
@@ -93,49 +80,20 @@ class EmailProcessor:
         return result
 
 
-def parse_email_payload(payload: Mapping[str, Any]) -> EmailRequest:
-    """Validate the payload (shape in the module docstring); raises NonRetryable when bad."""
-    unknown = sorted(set(payload) - _PAYLOAD_KEYS)
-    if unknown:
-        raise NonRetryable(
-            f"email payload has unknown keys {unknown}; allowed: to, subject, body, from"
-        )
-    subject = payload.get("subject")
-    if not isinstance(subject, str):
-        raise NonRetryable("email payload needs `subject`, a string")
-    if "\r" in subject or "\n" in subject:
-        raise NonRetryable("email `subject` must be a single line")
-    body = payload.get("body")
-    if body is None:
-        body = ""
-    if not isinstance(body, str):
-        raise NonRetryable("email `body` must be a string")
-    sender = payload.get("from")
-    if sender is not None:
-        sender = _check_address(sender, "from")
-    return EmailRequest(_parse_recipients(payload.get("to")), subject, body, sender)
-
-
-def _parse_recipients(value: object) -> list[str]:
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not items:
-        raise NonRetryable("email payload needs `to`: an address or a non-empty list of them")
-    recipients = list(dict.fromkeys(_check_address(item, "to") for item in items))
-    if len(recipients) > MAX_RECIPIENTS:
-        raise NonRetryable(f"email `to` has {len(recipients)} addresses; at most {MAX_RECIPIENTS}")
-    return recipients
-
-
-def _check_address(value: object, field: str) -> str:
-    if not isinstance(value, str):
-        raise NonRetryable(f"email `{field}` entries must be strings, not {type(value).__name__}")
-    if len(value) > _MAX_ADDRESS_LENGTH or not _ADDRESS.fullmatch(value):
-        raise NonRetryable(f"email `{field}` has {value!r}, which is not an address like a@b")
-    return value
+def parse_email_payload(
+    payload: Mapping[str, Any], policy: EmailPolicy | None = None
+) -> EmailRequest:
+    """Validate the payload against its shape and `policy` (no chosen sender, any recipient
+    by default); raises NonRetryable naming the field when bad."""
+    try:
+        return parse_email(payload, policy or EmailPolicy())
+    except PayloadProblem as problem:
+        raise NonRetryable(f"email payload {problem.pointer}: {problem.detail}") from None
 
 
 def build_message(job_id: uuid.UUID, request: EmailRequest, sender: str) -> EmailMessage:
-    """The message for `request`, with `Message-ID: <job_id@jobq>` stable across attempts."""
+    """The message for `request` from `sender` (the `From` header), with
+    `Message-ID: <job_id@jobq>` stable across attempts."""
     message = EmailMessage()
     try:
         message["From"] = sender
@@ -143,6 +101,8 @@ def build_message(job_id: uuid.UUID, request: EmailRequest, sender: str) -> Emai
         message["Subject"] = request.subject
         message["Date"] = formatdate(usegmt=True)
         message["Message-ID"] = f"<{job_id}@jobq>"
+        if request.reply_to is not None:
+            message["Reply-To"] = request.reply_to
         message.set_content(request.body)
     except (MessageError, ValueError) as exc:
         raise NonRetryable(f"cannot build the email message: {exc}") from exc

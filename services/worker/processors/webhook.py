@@ -15,27 +15,40 @@ timeouts → `Retry`. Redirects are not followed: a 3xx could point the request 
 address after the destination check.
 
 SSRF guard (OWASP Server-Side Request Forgery Prevention Cheat Sheet, "deny private and reserved
-addresses"): the host is resolved first and the job is refused if any address is not publicly
-routable, unless the host is listed in `WEBHOOK_ALLOWED_HOSTS`. httpx resolves the name again when
-it connects, so a DNS answer that changes between the two lookups (DNS rebinding) is not caught
-here; closing that gap needs a check at connect time in the HTTP client's transport.
+addresses"; docs/architecture.md#webhooks): the host is resolved once and the job is refused if
+any address is not publicly routable, unless the host (or host and port) is listed in
+`WEBHOOK_ALLOWED_HOSTS`. The connection then goes to an address of that one answer, never to a
+second lookup's: the client from `webhook_client` connects through `PinnedBackend`, which knows
+only the addresses checked for this attempt, while the URL keeps the name, so the `Host` header,
+TLS SNI and certificate verification all use the name (a DNS answer that changes between check
+and connect, DNS rebinding, changes nothing). One deadline covers the whole attempt: resolving,
+connecting, sending and reading the reply, however slowly it trickles in. A refusal stored as the
+job's `lastError` names the host and the kind of address, never the address itself, which is
+logged on the worker instead: the submitter must not learn the internal network's layout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import ipaddress
 import json
+import logging
 import math
 import re
 import socket
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+import ssl
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import httpcore
 import httpx
 
 from services.worker.processors.base import JobContext, NonRetryable, Retry
+
+logger = logging.getLogger(__name__)
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 """`async (host, port) -> [address, ...]`; raises OSError when the name does not resolve."""
@@ -56,6 +69,142 @@ _IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _NAT64: Final = ipaddress.ip_network("64:ff9b::/96")
 
 
+_PINNED: contextvars.ContextVar[Mapping[tuple[str, int], Sequence[str]] | None] = (
+    contextvars.ContextVar("webhook_pinned_addresses", default=None)
+)
+"""The addresses checked for the attempt running in this task, by (host, port)."""
+
+
+@contextlib.contextmanager
+def pinned(host: str, port: int, addresses: Sequence[str]) -> Iterator[None]:
+    """Let connections made in this task to `host:port` go to `addresses` (checked) only."""
+    token = _PINNED.set({(host.lower(), port): list(addresses)})
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
+class PinnedBackend(httpcore.AsyncNetworkBackend):
+    """An httpcore network backend that never resolves a name: a connection to `host:port`
+    goes to the addresses `pinned` for them in this task, in order, through `network` (the
+    real network by default), and fails when none are pinned."""
+
+    def __init__(self, network: httpcore.AsyncNetworkBackend | None = None) -> None:
+        self._network = network or httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        """Connect to the first pinned address of `host:port` that accepts."""
+        addresses = (_PINNED.get() or {}).get((host.lower(), port))
+        if not addresses:
+            raise httpcore.ConnectError(f"no checked address for {host}:{port}")
+        failure: Exception | None = None
+        for address in addresses:
+            try:
+                return await self._network.connect_tcp(
+                    address, port, timeout, local_address, socket_options
+                )
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        """Webhooks never go to a Unix socket."""
+        raise httpcore.ConnectError("webhooks do not connect to Unix sockets")
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep as the underlying network backend does."""
+        await self._network.sleep(seconds)
+
+
+_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+
+
+class PinnedTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport over a `PinnedBackend`; `verify` as in httpx (an SSLContext, a CA
+    bundle path, or True for the system's). Proxy variables are ignored: a proxy would resolve
+    the destination itself."""
+
+    def __init__(
+        self,
+        *,
+        network: httpcore.AsyncNetworkBackend | None = None,
+        verify: ssl.SSLContext | bool = True,
+        limits: httpx.Limits = _LIMITS,
+    ) -> None:
+        super().__init__(verify=verify, trust_env=False, limits=limits)
+        # httpx takes no network backend, so the pool it built is replaced by the same pool
+        # over the pinned backend.
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(verify=verify, trust_env=False),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=PinnedBackend(network),
+        )
+
+
+def webhook_client(
+    timeout: float,
+    *,
+    network: httpcore.AsyncNetworkBackend | None = None,
+    verify: ssl.SSLContext | bool = True,
+) -> httpx.AsyncClient:
+    """The HTTP client webhooks need: connections only to pinned addresses, no redirects, no
+    proxy or other settings from the environment, `timeout` (seconds) per operation.
+    `network` and `verify` replace the real network and the system's CA store in tests."""
+    return httpx.AsyncClient(
+        transport=PinnedTransport(network=network, verify=verify),
+        trust_env=False,
+        follow_redirects=False,
+        timeout=timeout,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AllowedHost:
+    """A `WEBHOOK_ALLOWED_HOSTS` entry: a host name or IP, and optionally one port."""
+
+    host: str
+    port: int | None = None
+
+    @classmethod
+    def parse(cls, entry: str) -> AllowedHost:
+        """`name`, `name:port`, `1.2.3.4:port`, `::1`, `[::1]` or `[::1]:port`; raises
+        ValueError for an empty host or a bad port."""
+        text = entry.strip()
+        host, port = text, None
+        if text.startswith("["):
+            host, bracket, rest = text[1:].partition("]")
+            if not bracket or (rest and not rest.startswith(":")):
+                raise ValueError(f"{entry!r}: expected [address] or [address]:port")
+            port = rest[1:] if rest else None
+        elif text.count(":") == 1:
+            host, port = text.split(":")
+        if not _valid_host(host) or (
+            port is not None and not (port.isdigit() and 0 < int(port) < 65536)
+        ):
+            raise ValueError(f"{entry!r}: expected host, host:port or [address]:port")
+        return cls(_normalise_host(host), int(port) if port is not None else None)
+
+    def admits(self, host: str, port: int) -> bool:
+        """Whether a request to `host:port` is allowed by this entry."""
+        return self.host == _normalise_host(host) and self.port in (None, port)
+
+
 @dataclass(frozen=True, slots=True)
 class WebhookRequest:
     """A validated payload: where to POST, the encoded JSON body, extra headers, timeout (s)."""
@@ -69,9 +218,10 @@ class WebhookRequest:
 class WebhookProcessor:
     """POSTs `payload.body` to `payload.url`; see the module docstring for shapes and outcomes.
 
-    `http` is shared and owned by the caller; `allowed_hosts` are hostnames or IP literals
-    (case-insensitive, brackets optional for IPv6) exempt from the SSRF guard; `default_timeout`
-    is in seconds. `resolver` replaces DNS in tests.
+    `http` is shared and owned by the caller, and should come from `webhook_client` (any other
+    client resolves the name again when it connects); `allowed_hosts` are `WEBHOOK_ALLOWED_HOSTS`
+    entries (`AllowedHost.parse`) exempt from the SSRF guard; `default_timeout` is the deadline
+    of an attempt in seconds when the payload sets none. `resolver` replaces DNS in tests.
     """
 
     def __init__(
@@ -83,7 +233,7 @@ class WebhookProcessor:
         resolver: Resolver | None = None,
     ) -> None:
         self._http = http
-        self._allowed_hosts = list(allowed_hosts)
+        self._allowed_hosts = [AllowedHost.parse(entry) for entry in allowed_hosts]
         self._default_timeout = default_timeout
         self._resolve = resolver or resolve_host
 
@@ -92,34 +242,56 @@ class WebhookProcessor:
         request = parse_webhook_payload(job.payload)
         timeout = request.timeout or self._default_timeout
         host = request.url.host
-        if not is_allowed_host(host, self._allowed_hosts):
-            port = request.url.port or (443 if request.url.scheme == "https" else 80)
-            try:
-                async with asyncio.timeout(timeout):
-                    addresses = await self._resolve(request.url.raw_host.decode("ascii"), port)
-            except OSError as exc:  # socket.gaierror, and TimeoutError from asyncio.timeout
-                raise Retry(f"cannot resolve webhook host {host!r}: {exc!r}") from exc
-            check_destination(host, addresses, self._allowed_hosts)
+        try:
+            async with asyncio.timeout(timeout):
+                code, headers, snippet = await self._attempt(job, request, timeout)
+        except TimeoutError:
+            raise Retry(f"webhook to {host} got no complete answer within {timeout:g}s") from None
+        raise_for_status(code, headers, snippet)
+        return {"status": code}
+
+    async def _attempt(
+        self, job: JobContext, request: WebhookRequest, read_timeout: float
+    ) -> tuple[int, httpx.Headers, str]:
+        """Resolve once, check, POST to a checked address; (status, headers, error snippet)."""
+        url = request.url
+        host, port = url.host, url.port or (443 if url.scheme == "https" else 80)
+        name = url.raw_host.decode("ascii")
+        try:
+            addresses = await self._resolve(name, port)
+        except OSError as exc:  # socket.gaierror
+            raise Retry(f"cannot resolve webhook host {host!r}: {exc!r}") from exc
+        if not any(entry.admits(host, port) for entry in self._allowed_hosts):
+            check_destination(host, addresses)
         headers = {
             **request.headers,
             "Content-Type": "application/json",
             "Idempotency-Key": str(job.id),
         }
         try:
-            async with self._http.stream(
-                "POST",
-                request.url,
-                content=request.body,
-                headers=headers,
-                timeout=timeout,
-                follow_redirects=False,
-            ) as response:
-                code = response.status_code
-                snippet = "" if 200 <= code < 300 else await _read_snippet(response)
+            with pinned(name, port, addresses):
+                async with self._http.stream(
+                    "POST",
+                    url,
+                    content=request.body,
+                    headers=headers,
+                    timeout=read_timeout,
+                    follow_redirects=False,
+                ) as response:
+                    code = response.status_code
+                    snippet = "" if 200 <= code < 300 else await _read_snippet(response)
         except httpx.TransportError as exc:
-            raise Retry(f"webhook to {host} failed: {type(exc).__name__}: {exc}") from exc
-        raise_for_status(code, response.headers, snippet)
-        return {"status": code}
+            # The driver's text may carry the address it connected to: logged, not stored.
+            logger.warning(
+                "webhook to %s:%d failed: %s: %s",
+                host,
+                port,
+                type(exc).__name__,
+                exc,
+                extra={"event": "webhook_failed", "job_id": str(job.id)},
+            )
+            raise Retry(f"webhook to {host} failed: {type(exc).__name__}") from exc
+        return code, response.headers, snippet
 
 
 async def resolve_host(host: str, port: int) -> list[str]:
@@ -193,50 +365,68 @@ def _parse_timeout(value: object) -> float | None:
     return float(value)
 
 
-def is_allowed_host(host: str, allowed_hosts: Iterable[str]) -> bool:
-    """Whether `host` is listed, comparing case-insensitively and ignoring IPv6 brackets."""
-    wanted = _normalise_host(host)
-    return any(_normalise_host(entry) == wanted for entry in allowed_hosts)
+_HOST_NAME: Final = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def _valid_host(host: str) -> bool:
+    """A host name, or an IP address (IPv6 without brackets)."""
+    if _HOST_NAME.fullmatch(host):
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _normalise_host(host: str) -> str:
     return host.strip().lower().removeprefix("[").removesuffix("]")
 
 
-def check_destination(host: str, addresses: list[str], allowed_hosts: Iterable[str]) -> None:
+def check_destination(host: str, addresses: list[str]) -> None:
     """Refuse a webhook to `host` unless every address it resolved to is publicly routable.
 
     `host` is as written in the URL; `addresses` are textual IPs (IPv6 may carry a `%scope`).
-    Listed hosts pass without looking at addresses. Raises NonRetryable naming the host, the
-    offending address and why; an empty or unparsable address list is refused (fail closed).
-    Source: OWASP SSRF Prevention Cheat Sheet (deny-list of non-public ranges, check every
-    resolved address).
+    Raises NonRetryable naming the host and the kind of the offending address (loopback,
+    private, …) but not the address, which is logged at WARNING; an empty or unparsable
+    address list is refused (fail closed). Source: OWASP SSRF Prevention Cheat Sheet
+    (deny-list of non-public ranges, check every resolved address).
     """
-    if is_allowed_host(host, allowed_hosts):
-        return
     if not addresses:
         raise NonRetryable(f"refusing webhook to {host!r}: it resolved to no addresses")
     for address in addresses:
-        reason = _non_public_reason(address)
-        if reason is not None:
+        found = non_public_reason(address)
+        if found is not None:
+            kind, detail = found
+            logger.warning(
+                "refusing webhook to %s: it resolves to %s (%s)",
+                host,
+                address,
+                detail,
+                extra={"event": "webhook_refused"},
+            )
             raise NonRetryable(
-                f"refusing webhook to {host!r}: it resolves to {address} ({reason}); "
+                f"refusing webhook to {host!r}: it resolves to a non-public address ({kind}); "
                 "list the host in WEBHOOK_ALLOWED_HOSTS to allow it"
             )
 
 
-def _non_public_reason(address: str) -> str | None:
+def non_public_reason(address: str) -> tuple[str, str] | None:
+    """None for a publicly routable address, else (kind, detail): the kind of address
+    (`loopback`, `private`, …, `IPv4-mapped loopback`) and a detail naming any embedded IPv4
+    address (`IPv4-mapped 127.0.0.1 is loopback`)."""
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
-        return "not an IP address"
+        return "malformed", "not an IP address"
     reason = _classify(ip)
-    if reason is None:
-        for label, embedded in _embedded_ipv4(ip):
-            inner = _classify(embedded)
-            if inner is not None:
-                return f"{label} {embedded} is {inner}"
-    return reason
+    if reason is not None:
+        return reason, reason
+    for label, embedded in _embedded_ipv4(ip):
+        inner = _classify(embedded)
+        if inner is not None:
+            return f"{label} {inner}", f"{label} {embedded} is {inner}"
+    return None
 
 
 def _embedded_ipv4(ip: _IPAddress) -> list[tuple[str, ipaddress.IPv4Address]]:

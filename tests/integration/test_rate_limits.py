@@ -1,0 +1,79 @@
+"""Per-tenant request rate limits on the producer (docs/architecture.md#rate-limits): Litestar's
+rate-limit middleware counting in Redis, or in memory while Redis is unreachable."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from infra.stack import free_port
+from tests.conftest import guarded_services
+
+
+@contextlib.asynccontextmanager
+async def limited_producer(
+    database_url: str, redis_url: str, store_url: str, keys: str
+) -> AsyncIterator[httpx.AsyncClient]:
+    async with guarded_services(
+        database_url, redis_url, keys, producer_rate_limit="3/minute", store_url=store_url
+    ) as (producer, _):
+        yield producer
+
+
+def tenants() -> tuple[str, str, str]:
+    """Fresh tenant names (windows in Redis outlive a test), and the keys spec for them."""
+    first, second = f"t{uuid.uuid4().hex[:12]}", f"t{uuid.uuid4().hex[:12]}"
+    return first, second, f"submit:{first}:{first}-key-0123456789,submit:{second}:{second}-key-0123"
+
+
+async def test_each_tenant_has_its_own_request_budget(clean_database: str, redis_url: str) -> None:
+    first, second, keys = tenants()
+    headers_first = {"Authorization": f"Bearer {first}-key-0123456789"}
+    headers_second = {"Authorization": f"Bearer {second}-key-0123"}
+    async with limited_producer(clean_database, redis_url, redis_url, keys) as producer:
+        job = {"taskType": "noop", "payload": {}}
+        remaining = []
+        for _ in range(3):
+            reply = await producer.post("/jobs", json=job, headers=headers_first)
+            assert reply.status_code == 202, reply.text
+            remaining.append(reply.headers["ratelimit-remaining"])
+        assert remaining == ["2", "1", "0"]
+        assert reply.headers["ratelimit-limit"] == "3"
+
+        refused = await producer.get("/jobs/" + str(uuid.uuid4()), headers=headers_first)
+        assert refused.status_code == 429
+        assert refused.headers["content-type"].startswith("application/problem+json")
+        assert refused.json()["type"] == "urn:jobq:problem:rate-limited"
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        assert refused.headers["ratelimit-remaining"] == "0"
+
+        # Another tenant's budget is untouched; probes are never counted.
+        assert (await producer.post("/jobs", json=job, headers=headers_second)).status_code == 202
+        for _ in range(5):
+            assert (await producer.get("/health/live")).status_code == 200
+        metrics = (await producer.get("/metrics")).text
+        assert re.search(
+            rf'jobq_rate_limited_total\{{limit="requests",tenant="{first}"\}} 1\.0', metrics
+        ), metrics
+
+
+async def test_without_redis_the_limit_holds_in_memory(
+    clean_database: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    first, _, keys = tenants()
+    headers = {"Authorization": f"Bearer {first}-key-0123456789"}
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    with caplog.at_level(logging.WARNING, logger="services.producer.limits"):
+        async with limited_producer(clean_database, redis_url, unreachable, keys) as producer:
+            statuses = [
+                (await producer.get("/jobs/" + str(uuid.uuid4()), headers=headers)).status_code
+                for _ in range(4)
+            ]
+    assert statuses == [404, 404, 404, 429]
+    assert any(r.event == "rate_limit_store_unavailable" for r in caplog.records)  # type: ignore[attr-defined]

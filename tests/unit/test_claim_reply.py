@@ -1,0 +1,54 @@
+"""The queue service encodes claimed jobs itself (payloads passed through as stored); what it
+sends must be exactly the documented `ClaimResponse` the workers decode."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import msgspec
+
+from common.contracts import AckResult, ClaimResponse, JobMessage
+from services.queue.repository import Claimed
+from services.queue.routes import encode_claimed
+
+
+def test_the_claim_reply_is_the_documented_claim_response() -> None:
+    job_id, handle, ack_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    stored = '{"order": 42, "items": [1, 2], "note": "caf\\u00e9 \\ud83d\\ude00"}'
+    claimed = Claimed(
+        id=job_id,
+        task_type="webhook",
+        payload=msgspec.Raw(stored.encode()),
+        attempts=2,
+        max_attempts=5,
+        timeout_seconds=None,
+        receipt_handle=handle,
+        visibility_timeout=30,
+        visible_at=now,
+        idempotency_key="order-42",
+    )
+
+    reply = msgspec.json.decode(
+        encode_claimed([claimed], [AckResult(id=ack_id, status=409)]), type=ClaimResponse
+    )
+
+    assert reply == ClaimResponse(
+        jobs=[
+            JobMessage(
+                id=job_id,
+                task_type="webhook",
+                payload={"order": 42, "items": [1, 2], "note": "café 😀"},
+                attempts=2,
+                max_attempts=5,
+                timeout_seconds=None,
+                receipt_handle=handle,
+                visibility_timeout=30,
+                visible_at=now,
+                idempotency_key="order-42",
+            )
+        ],
+        acks=[AckResult(id=ack_id, status=409)],
+    )
+    assert b'"acks"' not in encode_claimed([claimed], []), "no acks, no field"
