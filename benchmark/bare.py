@@ -21,7 +21,7 @@ import msgspec
 from litestar import Litestar, get, post
 from litestar.datastructures import State
 
-from common.serving import serve
+from common.serving import ServerLimits, serve
 
 _CREATE = """
 CREATE TABLE IF NOT EXISTS bare_job (
@@ -71,12 +71,13 @@ def create_app(database_url: str, pool_size: int = 10) -> Litestar:
 
 
 def main() -> None:
-    """Serve the bare endpoint on 127.0.0.1 until SIGTERM/SIGINT."""
+    """Serve the bare endpoint on 127.0.0.1 until SIGTERM/SIGINT, with the default HTTP limits
+    jobq's services use (`common.serving.ServerLimits`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--database-url", required=True)
     args = parser.parse_args()
-    serve(create_app(args.database_url), "127.0.0.1", args.port, grace_seconds=5)
+    serve(create_app(args.database_url), "127.0.0.1", args.port, 5, ServerLimits())
 
 
 if __name__ == "__main__":
