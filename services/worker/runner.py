@@ -51,6 +51,9 @@ T = TypeVar("T")
 
 _CLAIM_BACKOFF_MAX = 5.0
 _RELEASE_BUDGET = 5.0
+_GATHER_TURNS = 4
+"""Turns of the event loop without a slot freeing after which a worker stops waiting for more
+jobs to finish before it claims."""
 _ACK_LINGER = 0.002
 """Seconds a worker waits, after a claim that emptied the queue, for the jobs it just started
 to finish before it long-polls again (so their acks ride that long poll)."""
@@ -150,9 +153,7 @@ class Worker:
                 if free <= 0:
                     self._slot_freed.clear()
                     await _first(self._slot_freed.wait(), shutdown.wait())
-                    # Let the other jobs finishing in this same moment free their slots too,
-                    # so the next claim asks for all of them at once.
-                    await asyncio.sleep(0)
+                    await self._gather_finishing()
                     continue
                 jobs = await self._next_jobs(free, shutdown)
                 for job in jobs:
@@ -173,6 +174,18 @@ class Worker:
             await self._drain()
             heartbeats.cancel()
         await self._settler.aclose()
+
+    async def _gather_finishing(self) -> None:
+        """Let the jobs finishing in this same moment free their slots too (a job takes a few
+        turns of the event loop to report), so the next claim asks for all of them at once and
+        carries all their acks: yield while slots keep freeing, at most `_GATHER_TURNS` turns
+        without progress."""
+        idle = 0
+        busy = self._busy
+        while idle < _GATHER_TURNS:
+            await asyncio.sleep(0)
+            idle = idle + 1 if self._busy == busy else 0
+            busy = self._busy
 
     async def _next_jobs(self, free: int, shutdown: asyncio.Event) -> list[JobMessage]:
         """One claim for up to `free` jobs, carrying the acks waiting for it; [] on shutdown,

@@ -324,3 +324,25 @@ async def test_settles_are_retried_through_an_outage_and_applied_once(refusals: 
     shutdown.set()
     await task
     assert all(queue.jobs[i]["attempts"] == 1 for i in ids), "a job ran twice"
+
+
+async def _staggered(job: JobContext) -> None:
+    """Finishes after `3 * (n % 4)` turns of the event loop: the jobs of one claim end in a
+    ragged line, as real ones that start together do."""
+    for _ in range(job.payload["n"] % 4 * 3):
+        await asyncio.sleep(0)
+
+
+async def test_jobs_finishing_together_are_replaced_by_one_claim() -> None:
+    queue = FakeQueue()
+    ids = [queue.add("staggered", {"n": n}) for n in range(12)]
+    _, shutdown, task = await _running(queue, {"staggered": _staggered}, worker_concurrency=4)
+
+    await _until(lambda: all(queue.status(i) is JobStatus.COMPLETED for i in ids))
+    shutdown.set()
+    await task
+
+    # Slots that free within a few turns of each other are claimed for together (and carry
+    # their acks): three claims of 4 take the 12 jobs, not one claim per freed slot.
+    assert [asked for asked, _ in queue.claims[:3]] == [4, 4, 4]
+    assert [acks for _, acks in queue.claims[1:3]] == [4, 4]
