@@ -589,6 +589,19 @@ _BROKEN_CONNECTION = (asyncpg.InterfaceError, asyncpg.exceptions._base.InternalC
 server went away): the connection is discarded, and the statement answered 503."""
 
 
+def _never_sent(exc: BaseException) -> bool:
+    """True when asyncpg refused to start a statement because the connection was still in an
+    earlier operation's state ("cannot switch to state N; another operation (M) is in
+    progress"; under load a pooled connection is sometimes handed out stuck so:
+    MagicStack/asyncpg#784 and #1069). Nothing reached the server, so the statement can run
+    again on another connection, whatever it does."""
+    return (
+        isinstance(exc, asyncpg.exceptions._base.InternalClientError)
+        and str(exc).startswith("cannot switch to state")
+        and "another operation" in str(exc)
+    )
+
+
 def _unavailable(exc: BaseException) -> bool:
     """True when `exc` means "the database cannot serve us right now": a lost or refused
     connection, a server starting, stopping or out of connections, a pool or statement
@@ -748,15 +761,32 @@ class JobRepository:
 
     async def _fetch(self, statement: str, *args: Any) -> list[asyncpg.Record]:
         """Run one statement (its own transaction); all its rows."""
-        async with self._connection() as conn:
-            rows: list[asyncpg.Record] = await conn.fetch(statement, *args)
-            return rows
+        rows: list[asyncpg.Record] = await self._statement("fetch", statement, args)
+        return rows
 
     async def _fetchrow(self, statement: str, *args: Any) -> asyncpg.Record | None:
         """Run one statement (its own transaction); its first row, if any."""
-        async with self._connection() as conn:
-            row: asyncpg.Record | None = await conn.fetchrow(statement, *args)
-            return row
+        row: asyncpg.Record | None = await self._statement("fetchrow", statement, args)
+        return row
+
+    async def _statement(self, method: str, statement: str, args: tuple[Any, ...]) -> Any:
+        """`conn.<method>(statement, *args)` on a pooled connection; when the driver refused
+        to start it on a connection stuck in an earlier operation (`_never_sent`), once more
+        on a fresh connection (the stuck one is closed)."""
+        for attempt in range(2):
+            async with self._connection() as conn:
+                try:
+                    return await getattr(conn, method)(statement, *args)
+                except asyncpg.exceptions._base.InternalClientError as exc:
+                    if attempt or not _never_sent(exc):
+                        raise
+                    conn.terminate()
+                    logger.warning(
+                        "discarded a stuck database connection: %s",
+                        exc,
+                        extra={"event": "database_connection_stuck"},
+                    )
+        raise AssertionError("unreachable")
 
     async def insert_many(self, rows: list[JobRow]) -> list[Inserted]:
         """Insert `rows` in one statement (which also wakes claimers of queues that got ready
