@@ -64,7 +64,7 @@ async def ready(state: State) -> Response[dict[str, Any]]:
     status = 200
     try:
         async with asyncio.timeout(2):
-            revision = await state.service.repository.schema_revision()
+            revision = await state.service.schema_revision()
         if revision == state.head_revision:
             checks["database"] = "ok"
         else:

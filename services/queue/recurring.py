@@ -95,7 +95,7 @@ class Recurring:
         """Fire every schedule whose bucket is new to this replica, at database time."""
         if not self._schedules:
             return 0
-        return await self.fire(await self._service.repository.now())
+        return await self.fire(await self._service.now())
 
     async def fire(self, now: datetime) -> int:
         """Submit the current bucket's job of each schedule; returns how many were created

@@ -61,7 +61,7 @@ from common.queries import (
     refuse_unknown_parameters,
 )
 from common.web import problems
-from services.queue.depth import DepthCache, current_depth
+from services.queue.depth import DepthCache
 from services.queue.repository import Claimed
 from services.queue.service import QueueService
 
@@ -380,7 +380,7 @@ async def queues(
 ) -> QueuesResponse:
     """Per-queue counts (from the Redis cache when fresh, else PostgreSQL), with `source` and
     `refreshedAt` saying which and when."""
-    return await current_depth(service.repository, depth_cache)
+    return await service.queue_depth(depth_cache)
 
 
 __all__ = ["JobController", "queues", "redrive"]
