@@ -38,7 +38,8 @@ from common.contracts import (
 from common.drivers import AsyncpgExecutor
 from common.enqueue import WAKEUP_CHANNEL, Existing, Inserted, JobRow
 from common.errors import ServiceUnavailable
-from common.pools import PoolMetrics
+from common.web.pools import PoolMetrics
+from services.queue.readings import DatabaseHealth, DepthRow
 from services.queue.retry import BACKOFF_CEILING_SQL, Backoff
 
 logger = logging.getLogger(__name__)
@@ -106,33 +107,6 @@ class FailEntry:
     retryable: bool
     retry_after: float | None
     jitter: float
-
-
-@dataclass(frozen=True, slots=True)
-class DatabaseHealth:
-    """What holds back or needs vacuum (read by `JobRepository.health`).
-
-    `oldest_transaction_age_seconds`: age of the oldest open transaction in this database that
-    holds a snapshot or a transaction id (0 when none), i.e. how far back the xmin horizon is
-    pinned. `live_tuples`/`dead_tuples`: of the `job` table, from the statistics collector.
-    `last_vacuum_age_seconds`: since the latest VACUUM or autovacuum of `job`, None before the
-    first.
-    """
-
-    oldest_transaction_age_seconds: float
-    live_tuples: int
-    dead_tuples: int
-    last_vacuum_age_seconds: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class DepthRow:
-    """Count of jobs in one (queue, status), with the oldest PENDING job's age in seconds."""
-
-    queue: str
-    status: JobStatus
-    count: int
-    oldest_age_seconds: float
 
 
 def _to_view(row: asyncpg.Record) -> JobView:
