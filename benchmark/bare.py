@@ -21,7 +21,7 @@ import msgspec
 from litestar import Litestar, get, post
 from litestar.datastructures import State
 
-from common.serving import ServerLimits, serve
+from common.web.serving import ServerLimits, serve
 
 _CREATE = """
 CREATE TABLE IF NOT EXISTS bare_job (

@@ -1,4 +1,8 @@
-"""Code shared by every jobq service: wire contracts, bounds, settings, errors and ids.
+"""The pure core every jobq part agrees on: wire contracts and bounds, errors as problem
+details, ids, the idempotency hash, validation, and the one enqueue path. It needs msgspec
+and the standard library only (the client distribution ships it); the server kit the services
+share (Litestar, uvicorn, prometheus_client, aiohttp, pydantic-settings) is `common.web`.
 
-Nothing in here imports a service package; the import-linter contract in pyproject.toml checks it.
+Import-linter contracts in pyproject.toml check both: nothing here imports a service, and
+nothing outside `common.web` imports a framework or a database driver.
 """

@@ -9,8 +9,7 @@ import msgspec
 
 from common.contracts import BatchEntryResult, SubmitJobResponse
 from common.errors import JobqError
-from common.validation import check_payload
-from common.web import msgspec_error
+from common.validation import check_payload, msgspec_error
 
 T = TypeVar("T", bound=msgspec.Struct)
 

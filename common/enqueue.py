@@ -1,6 +1,11 @@
-"""The enqueue statement, shared by the queue service and the client library's
+"""The one enqueue path, shared by the queue service and the client library's
 `enqueue(connection, …)` (docs/architecture.md#client-library: the one documented exception
 to "only the queue service touches PostgreSQL").
+
+`insert_jobs(executor, rows)` inserts, reads what each uncreated row collided with, and
+decides replay or conflict (docs/architecture.md#idempotency), over an `Executor` that runs
+the two statements below somewhere: the queue service's pool (`JobRepository`) or a caller's
+own connection (`common.drivers`).
 
 One statement inserts any number of jobs from a JSON array (`jsonb_to_recordset`) and sends one
 `pg_notify` per queue that received ready jobs, in the caller's transaction: a job committed
@@ -11,12 +16,14 @@ through asyncpg (`$1`) and SQLAlchemy (`:rows`) alike, because its only paramete
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
-from common.contracts import JobStatus, SubmitJobRequest
+from common.contracts import JobStatus, SubmitJobRequest, SubmitJobResponse
+from common.errors import IdempotencyConflict, JobqError, ServiceUnavailable
 from common.hashing import request_hash
 
 WAKEUP_CHANNEL = "jobq_ready"
@@ -116,7 +123,7 @@ def job_row(
     )
 
 
-def encode_rows(rows: list[JobRow]) -> str:
+def encode_rows(rows: Sequence[JobRow]) -> str:
     """The statement's single parameter: the rows as a JSON array (text)."""
     return msgspec.json.encode(rows).decode()
 
@@ -139,3 +146,109 @@ class Existing:
     status: JobStatus
     request_hash: str | None
     tenant: str
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A submit's answer: the response body and whether a new job was created (202 vs 200)."""
+
+    response: SubmitJobResponse
+    created: bool
+
+
+class Executor(Protocol):
+    """Where the enqueue's two statements run (each its own statement, in whatever
+    transaction the executor's connection has open)."""
+
+    async def insert_many(self, rows: Sequence[JobRow]) -> list[Inserted]:
+        """Run the enqueue statement over `rows`; the jobs it created (a row whose id or
+        tenant's idempotency key exists is skipped)."""
+        ...
+
+    async def find_existing(self, row: JobRow) -> Existing | None:
+        """The job holding `row.id`, or `row.tenant`'s job holding its idempotency key (the
+        id first), or None."""
+        ...
+
+
+INSERT_ATTEMPTS = 3
+"""Inserts tried per row while the job it collided with vanishes before it can be read."""
+
+
+def conflict(row: JobRow, existing: uuid.UUID) -> IdempotencyConflict:
+    """The error for `row` colliding with job `existing`, which holds a different request."""
+    what = f"job id {row.id}" if row.id == existing else f"idempotency key {row.idempotency_key!r}"
+    return IdempotencyConflict(f"{what} is already used by job {existing} with a different request")
+
+
+async def insert_jobs(
+    executor: Executor, rows: Sequence[JobRow], attempts: int = INSERT_ATTEMPTS
+) -> list[Submitted | JobqError]:
+    """Insert `rows` with one statement (plus one read per collision); one outcome per row.
+
+    A replay is the same job id (a retried forward) or the same tenant's idempotency key with
+    the same request hash: the existing job's id and current status, `created=False`. A key
+    repeated among `rows` is a replay of its first use. IdempotencyConflict when the id or key
+    belongs to a different request (or another tenant's job); ServiceUnavailable when the job
+    a row collided with vanished (retention) `attempts` times in a row.
+    """
+    outcomes: list[Submitted | JobqError | None] = [None] * len(rows)
+    firsts: dict[int, JobRow] = {}
+    repeats: dict[int, int] = {}
+    first_use: dict[tuple[str, str], int] = {}
+    for index, row in enumerate(rows):
+        if row.idempotency_key is not None:
+            key = (row.tenant, row.idempotency_key)
+            if key in first_use:
+                repeats[index] = first_use[key]
+                continue
+            first_use[key] = index
+        firsts[index] = row
+    await _insert_resolving(executor, firsts, outcomes, attempts)
+    for index, first in repeats.items():
+        earlier = outcomes[first]
+        if isinstance(earlier, Submitted):
+            row = rows[index]
+            same = row.request_hash == rows[first].request_hash
+            outcomes[index] = (
+                Submitted(earlier.response, False)
+                if same
+                else conflict(row, earlier.response.job_id)
+            )
+        else:
+            outcomes[index] = earlier
+    return [o if o is not None else JobqError("no outcome") for o in outcomes]
+
+
+async def _insert_resolving(
+    executor: Executor,
+    rows: dict[int, JobRow],
+    outcomes: list[Submitted | JobqError | None],
+    attempts: int,
+) -> None:
+    # Insert, then read collisions in new statements: a concurrent twin may commit in
+    # between, and retention may delete the row we collided with, so try a few times.
+    pending = dict(rows)
+    for _ in range(attempts):
+        if not pending:
+            return
+        created = {job.id: job for job in await executor.insert_many(list(pending.values()))}
+        vanished: dict[int, JobRow] = {}
+        for index, row in pending.items():
+            job = created.get(row.id)
+            if job is not None:
+                outcomes[index] = Submitted(
+                    SubmitJobResponse(job_id=job.id, status=job.status), True
+                )
+                continue
+            existing = await executor.find_existing(row)
+            if existing is None:
+                vanished[index] = row
+            elif existing.request_hash != row.request_hash or existing.tenant != row.tenant:
+                outcomes[index] = conflict(row, existing.id)
+            else:
+                reply = SubmitJobResponse(job_id=existing.id, status=existing.status)
+                outcomes[index] = Submitted(reply, False)
+        pending = vanished
+    for index in pending:
+        outcomes[index] = ServiceUnavailable("could not settle a concurrent submission; retry")

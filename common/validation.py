@@ -1,7 +1,11 @@
-"""Boundary checks msgspec's type constraints cannot express (docs/architecture.md#bounds).
+"""Validation errors with JSON pointers, and the boundary checks msgspec's type constraints
+cannot express (docs/architecture.md#bounds).
 
-Used by the producer before forwarding and by the queue service before inserting, so bad input
-never reaches PostgreSQL as an error.
+`msgspec_error` turns a msgspec validation message into InvalidInput pointing at the field;
+`check_payload` refuses payloads PostgreSQL could not store. Used by the producer before
+forwarding, by the queue service before inserting and by the client library before sending,
+so bad input never reaches PostgreSQL as an error. Every JSON pointer (RFC 6901) is escaped by
+`pointer_token`.
 """
 
 from __future__ import annotations
@@ -16,9 +20,42 @@ from common.contracts import PAYLOAD_MAX_BYTES, PAYLOAD_MAX_DEPTH
 from common.errors import InvalidInput, PayloadTooLarge
 from common.text import LONE_SURROGATE_MARK
 
+_MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_PATH_TOKEN = re.compile(r"\.([A-Za-z0-9_]+)|\[(\d+)\]|\['((?:[^'\\]|\\.)*)'\]")
+_NAMED_FIELD = re.compile(r"(?:unknown|required) field `(?P<name>[^`]+)`")
 
-def _pointer_token(key: object) -> str:
+
+def pointer_token(key: object) -> str:
+    """One JSON pointer reference token: `~` and `/` escaped as `~0` and `~1` (RFC 6901)."""
     return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def json_pointer(msgspec_path: str) -> str:
+    """Turn msgspec's `$.jobs[0].payload` (without the `$`) into `/jobs/0/payload`."""
+    tokens = (attr or index or key for attr, index, key in _PATH_TOKEN.findall(msgspec_path))
+    return "".join("/" + pointer_token(token) for token in tokens)
+
+
+def msgspec_problem(message: str, root: str = "", fallback_path: str = "") -> tuple[str, str]:
+    """(pointer, detail) for a msgspec validation message such as
+    "Expected `int`, got `str` - at `$.priority`": the pointer under `root` (from
+    `fallback_path` when the message names no path), ending in the field an unknown or
+    required field message names; the detail without the path."""
+    match = _MSGSPEC_PATH.search(message)
+    pointer = root + json_pointer(match.group("path") if match else fallback_path)
+    named = _NAMED_FIELD.search(message)
+    if named:
+        pointer = f"{pointer}/{named.group('name')}"
+    return pointer, _MSGSPEC_PATH.sub("", message) or "invalid value"
+
+
+def msgspec_error(message: str, root: str = "") -> InvalidInput:
+    """InvalidInput (422) for a msgspec validation message, with its JSON pointer under
+    `root` (see `msgspec_problem`)."""
+    pointer, detail = msgspec_problem(message, root)
+    return InvalidInput(
+        f"{pointer or '/'}: {detail}", errors=[{"pointer": pointer, "detail": detail}]
+    )
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -42,7 +79,7 @@ def _first_unstorable(value: Any, pointer: str, depth: int) -> tuple[str, str] |
         return pointer, "NaN and Infinity are not JSON numbers"
     if isinstance(value, dict):
         for key, item in value.items():
-            child = f"{pointer}/{_pointer_token(key)}"
+            child = f"{pointer}/{pointer_token(key)}"
             found = _unstorable_text(str(key), child, "a key")
             if found:
                 return found

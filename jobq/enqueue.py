@@ -15,17 +15,10 @@ from __future__ import annotations
 import re
 from typing import Any, Unpack
 
-from common.contracts import DEFAULT_MAX_ATTEMPTS, NAME_PATTERN, JobStatus, SubmitJobResponse
-from common.enqueue import (
-    ENQUEUE_ASYNCPG,
-    ENQUEUE_NAMED,
-    FIND_EXISTING_ASYNCPG,
-    FIND_EXISTING_NAMED,
-    JobRow,
-    encode_rows,
-    job_row,
-)
-from common.errors import IdempotencyConflict, InvalidInput, JobqError
+from common.contracts import DEFAULT_MAX_ATTEMPTS, NAME_PATTERN, SubmitJobResponse
+from common.drivers import executor_for
+from common.enqueue import insert_jobs, job_row
+from common.errors import InvalidInput, JobqError
 from common.ids import new_job_id
 from jobq.request import SubmitOptions, build_request
 
@@ -46,7 +39,9 @@ async def enqueue(
 
     Returns `{jobId, status}`; with an idempotency key the tenant used before for the same
     request, the existing job (a replay). Raises InvalidInput/PayloadTooLarge for input the
-    producer would refuse, IdempotencyConflict when the key belongs to a different request.
+    producer would refuse, IdempotencyConflict when the key belongs to a different request,
+    ServiceUnavailable when the job it collided with kept vanishing (retry), TypeError for a
+    connection of another kind. The same path as the queue service's (`common.enqueue`).
     """
     request = build_request(task_type, payload, **options)
     if not re.match(NAME_PATTERN, tenant):
@@ -55,52 +50,7 @@ async def enqueue(
             errors=[{"pointer": "tenant", "detail": f"must match {NAME_PATTERN}"}],
         )
     row = job_row(request, new_job_id(), default_max_attempts, tenant)
-    inserted = await _insert(connection, row)
-    if inserted is not None:
-        return inserted
-    existing = await _find_existing(connection, row)
-    if existing is None:
-        raise JobqError("the job collided with one that has since been deleted; retry")
-    existing_id, status, fingerprint = existing
-    if fingerprint != row.request_hash:
-        raise IdempotencyConflict(
-            f"idempotency key {row.idempotency_key!r} is already used by job {existing_id} "
-            "with a different request"
-        )
-    return SubmitJobResponse(job_id=existing_id, status=JobStatus(status))
-
-
-def _is_asyncpg(connection: Any) -> bool:
-    return type(connection).__module__.startswith("asyncpg")
-
-
-async def _insert(connection: Any, row: JobRow) -> SubmitJobResponse | None:
-    rows_json = encode_rows([row])
-    if _is_asyncpg(connection):
-        found = await connection.fetchrow(ENQUEUE_ASYNCPG, rows_json)
-    else:
-        from sqlalchemy import text
-
-        result = await connection.execute(text(ENQUEUE_NAMED), {"rows": rows_json})
-        found = result.mappings().first()
-    if found is None:
-        return None
-    return SubmitJobResponse(job_id=found["id"], status=JobStatus(found["status"]))
-
-
-async def _find_existing(connection: Any, row: JobRow) -> tuple[Any, Any, str | None] | None:
-    if _is_asyncpg(connection):
-        found = await connection.fetchrow(
-            FIND_EXISTING_ASYNCPG, row.id, row.idempotency_key, row.tenant
-        )
-    else:
-        from sqlalchemy import text
-
-        result = await connection.execute(
-            text(FIND_EXISTING_NAMED),
-            {"id": row.id, "key": row.idempotency_key, "tenant": row.tenant},
-        )
-        found = result.mappings().first()
-    if found is None:
-        return None
-    return found["id"], found["status"], found["request_hash"]
+    [outcome] = await insert_jobs(executor_for(connection), [row])
+    if isinstance(outcome, JobqError):
+        raise outcome
+    return outcome.response

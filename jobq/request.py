@@ -8,8 +8,7 @@ from typing import Any, TypedDict, Unpack
 import msgspec
 
 from common.contracts import SubmitJobRequest
-from common.validation import check_payload
-from common.web import msgspec_error
+from common.validation import check_payload, msgspec_error
 
 
 class SubmitOptions(TypedDict, total=False):

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from common.serving import ServerLimits, server_config
+from common.web.serving import ServerLimits, server_config
 from infra import servers
 from infra.servers import ServerUnavailable, ensure_postgres, ensure_redis
 from infra.stack import ROOT, free_port

@@ -3,9 +3,9 @@
 `build()` describes every panel; `python -m infra.grafana.dashboard` (`make dashboards`) writes
 the JSON Grafana provisions, `infra/grafana/dashboards/jobq.json`, and a test fails when the
 committed file drifts from this code. Queries use only metrics the services export
-(`services/*/metrics.py`, `common/web.py`) or postgres_exporter does (with
-`infra/postgres-exporter/queries.yml`), plus Prometheus's own `up`; the scrape test checks
-each one against a real Prometheus scraping a real stack.
+(`services/*/metrics.py`, `common/web/http_metrics.py`, `common/web/pools.py`) or
+postgres_exporter does (with `infra/postgres-exporter/queries.yml`), plus Prometheus's own
+`up`; the scrape test checks each one against a real Prometheus scraping a real stack.
 
 Template variables: `queue` and `task_type` (multi-select, All = `.*`) filter the jobq panels,
 `database` the PostgreSQL row. Rates use Grafana's `$__rate_interval`.

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from common.access import refuse_open_access
 from common.logging import configure_logging
-from common.serving import serve
-from common.settings import load_settings
+from common.web.access import refuse_open_access
+from common.web.serving import serve
+from common.web.settings import load_settings
 from services.producer.app import create_app
 from services.producer.settings import ProducerSettings
 

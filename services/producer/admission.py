@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from common.access import Caller
 from common.contracts import SubmitJobRequest
 from common.errors import RateLimited
 from common.mail import EmailPolicy, parse_email
 from common.payloads import PayloadCheck, check_task_payload
+from common.web.access import Caller
 from services.producer.limits import TenantWindow
 from services.producer.metrics import ProducerMetrics
 

@@ -12,12 +12,9 @@ from litestar.di import Provide
 from prometheus_client import CollectorRegistry
 
 from common import contracts
-from common.access import caller_of, role_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
-from common.http import QUEUE_SERVICE_CONNECTIONS, ServiceClient
-from common.http_metrics import HttpMetrics
-from common.pools import PoolMetrics
-from common.web import (
+from common.web.access import caller_of, role_guard
+from common.web.app import (
     exception_handlers,
     live,
     metrics_route,
@@ -25,6 +22,9 @@ from common.web import (
     refine_struct_schemas,
     require_json_body,
 )
+from common.web.http import QUEUE_SERVICE_CONNECTIONS, ServiceClient
+from common.web.http_metrics import HttpMetrics
+from common.web.pools import PoolMetrics
 from services.producer.admission import Admission, payload_checks
 from services.producer.client import QueueServiceClient
 from services.producer.limits import STORE_NAME, TenantWindow, create_store, request_rate_limit

@@ -36,7 +36,7 @@ from common.errors import (
     UpstreamMisconfigured,
     from_problem,
 )
-from common.http import Reply, ServiceClient, decode
+from common.web.http import Reply, ServiceClient, decode
 
 logger = logging.getLogger(__name__)
 

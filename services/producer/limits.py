@@ -31,8 +31,8 @@ from litestar.stores.memory import MemoryStore
 from litestar.types import Receive, Scope, Send
 from redis.exceptions import RedisError
 
-from common.access import ALL_TENANTS, ApiKeys, bearer_token
-from common.settings import RateUnit
+from common.web.access import ALL_TENANTS, ApiKeys, bearer_token
+from common.web.settings import RateUnit
 from services.producer.metrics import ProducerMetrics
 
 logger = logging.getLogger(__name__)

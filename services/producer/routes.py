@@ -12,9 +12,7 @@ from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
-from common.access import ADMIN_ONLY, Caller
 from common.batch import decode_entries, entry_result, split_valid
-from common.bodies import StrictJSON
 from common.contracts import (
     LIST_LIMIT_DEFAULT,
     BatchSubmitRequest,
@@ -29,7 +27,11 @@ from common.contracts import (
 )
 from common.errors import JobqError
 from common.ids import new_job_id
-from common.queries import (
+from common.validation import check_payload
+from common.web.access import ADMIN_ONLY, Caller
+from common.web.app import problems
+from common.web.bodies import StrictJSON
+from common.web.list_params import (
     LIST_PARAMETERS,
     Cursor,
     Limit,
@@ -38,8 +40,6 @@ from common.queries import (
     TaskTypeFilter,
     refuse_unknown_parameters,
 )
-from common.validation import check_payload
-from common.web import problems
 from services.producer.admission import Admission
 from services.producer.client import QueueServiceClient
 

@@ -6,8 +6,15 @@ from pathlib import Path
 
 from pydantic import SecretStr, field_validator, model_validator
 
-from common.access import ApiKeys, parse_api_keys
-from common.settings import Duration, EmailPolicySettings, HttpServiceSettings, Port, Rate, Token
+from common.web.access import ApiKeys, parse_api_keys
+from common.web.settings import (
+    Duration,
+    EmailPolicySettings,
+    HttpServiceSettings,
+    Port,
+    Rate,
+    Token,
+)
 
 
 class ProducerSettings(HttpServiceSettings, EmailPolicySettings):

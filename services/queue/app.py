@@ -18,11 +18,9 @@ from litestar.di import Provide
 from prometheus_client import CollectorRegistry
 
 from common import contracts
-from common.access import token_guard
 from common.contracts import REQUEST_BODY_MAX_BYTES
-from common.http_metrics import HttpMetrics
-from common.pools import PoolMetrics
-from common.web import (
+from common.web.access import token_guard
+from common.web.app import (
     exception_handlers,
     live,
     metrics_route,
@@ -30,12 +28,15 @@ from common.web import (
     refine_struct_schemas,
     require_json_body,
 )
+from common.web.http_metrics import HttpMetrics
+from common.web.pools import PoolMetrics
 from services.queue.background import Reaper, Retention, Scheduler, every, refresh_depth
 from services.queue.depth import DepthCache
 from services.queue.metrics import QueueMetrics
-from services.queue.recurring import Recurring, parse_schedules
+from services.queue.recurring import Recurring
 from services.queue.repository import JobRepository, create_pool
 from services.queue.routes import JobController, queues, redrive
+from services.queue.schedules import parse_schedules
 from services.queue.service import QueueService
 from services.queue.settings import QueueSettings, plain_database_url
 from services.queue.wakeup import WakeupHub, listen_forever
@@ -64,7 +65,7 @@ async def ready(state: State) -> Response[dict[str, Any]]:
     status = 200
     try:
         async with asyncio.timeout(2):
-            revision = await state.service.repository.schema_revision()
+            revision = await state.service.schema_revision()
         if revision == state.head_revision:
             checks["database"] = "ok"
         else:

@@ -14,7 +14,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from common.contracts import DepthSource, JobStatus, QueueDepth, QueuesResponse
-from services.queue.repository import DepthRow, JobRepository
+from services.queue.readings import DepthRow
+from services.queue.repository import JobRepository
 
 logger = logging.getLogger(__name__)
 

@@ -35,17 +35,11 @@ from common.contracts import (
     JobStatus,
     JobView,
 )
-from common.enqueue import (
-    ENQUEUE_ASYNCPG,
-    FIND_EXISTING_ASYNCPG,
-    WAKEUP_CHANNEL,
-    Existing,
-    Inserted,
-    JobRow,
-    encode_rows,
-)
+from common.drivers import AsyncpgExecutor
+from common.enqueue import WAKEUP_CHANNEL, Existing, Inserted, JobRow
 from common.errors import ServiceUnavailable
-from common.pools import PoolMetrics
+from common.web.pools import PoolMetrics
+from services.queue.readings import DatabaseHealth, DepthRow
 from services.queue.retry import BACKOFF_CEILING_SQL, Backoff
 
 logger = logging.getLogger(__name__)
@@ -113,33 +107,6 @@ class FailEntry:
     retryable: bool
     retry_after: float | None
     jitter: float
-
-
-@dataclass(frozen=True, slots=True)
-class DatabaseHealth:
-    """What holds back or needs vacuum (read by `JobRepository.health`).
-
-    `oldest_transaction_age_seconds`: age of the oldest open transaction in this database that
-    holds a snapshot or a transaction id (0 when none), i.e. how far back the xmin horizon is
-    pinned. `live_tuples`/`dead_tuples`: of the `job` table, from the statistics collector.
-    `last_vacuum_age_seconds`: since the latest VACUUM or autovacuum of `job`, None before the
-    first.
-    """
-
-    oldest_transaction_age_seconds: float
-    live_tuples: int
-    dead_tuples: int
-    last_vacuum_age_seconds: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class DepthRow:
-    """Count of jobs in one (queue, status), with the oldest PENDING job's age in seconds."""
-
-    queue: str
-    status: JobStatus
-    count: int
-    oldest_age_seconds: float
 
 
 def _to_view(row: asyncpg.Record) -> JobView:
@@ -788,19 +755,17 @@ class JobRepository:
                     )
         raise AssertionError("unreachable")
 
-    async def insert_many(self, rows: list[JobRow]) -> list[Inserted]:
-        """Insert `rows` in one statement (which also wakes claimers of queues that got ready
-        jobs). Returns the jobs created; a row whose id or idempotency key exists is skipped."""
+    async def insert_many(self, rows: Sequence[JobRow]) -> list[Inserted]:
+        """Insert `rows` in one statement (`common.enqueue`, which also wakes claimers of
+        queues that got ready jobs). Returns the jobs created; a row whose id or idempotency
+        key exists is skipped. With `find_existing`, this is the `common.enqueue.Executor` the
+        service's `insert_jobs` runs on: each statement on its own pooled connection."""
         if not rows:
             return []
-        parameter = encode_rows(rows)
         for attempt in range(_CONTENTION_RETRIES):
             try:
-                result = await self._fetch(ENQUEUE_ASYNCPG, parameter)
-                return [
-                    Inserted(r["id"], r["queue"], r["task_type"], JobStatus(r["status"]))
-                    for r in result
-                ]
+                async with self._connection() as conn:
+                    return await AsyncpgExecutor(conn).insert_many(rows)
             except asyncpg.PostgresError as exc:
                 # The statement orders its rows, so a deadlock needs an outside party; the
                 # loser is rolled back whole and simply tries again.
@@ -814,15 +779,11 @@ class JobRepository:
         inserted = await self.insert_many([row])
         return inserted[0] if inserted else None
 
-    async def find_existing(
-        self, job_id: uuid.UUID, idempotency_key: str | None, tenant: str
-    ) -> Existing | None:
-        """The job holding this id, or `tenant`'s job holding this idempotency key (the id
-        first), or None."""
-        row = await self._fetchrow(FIND_EXISTING_ASYNCPG, job_id, idempotency_key, tenant)
-        if row is None:
-            return None
-        return Existing(row["id"], JobStatus(row["status"]), row["request_hash"], row["tenant"])
+    async def find_existing(self, row: JobRow) -> Existing | None:
+        """The job holding `row.id`, or `row.tenant`'s job holding its idempotency key (the
+        id first), or None."""
+        async with self._connection() as conn:
+            return await AsyncpgExecutor(conn).find_existing(row)
 
     async def get(
         self, job_id: uuid.UUID, tenant: str | None = None
@@ -1065,13 +1026,11 @@ class JobRepository:
             advanced = await conn.fetchrow(_ADVANCE_SCHEDULE, name, cron, bucket, row.id)
             if advanced is None:
                 return None
-            created = await conn.fetchrow(ENQUEUE_ASYNCPG, encode_rows([row]))
-            if created is None:
+            created = await AsyncpgExecutor(conn).insert_many([row])
+            if not created:
                 await conn.execute(_FORGET_SCHEDULE_JOB, name)
                 return None
-        return Inserted(
-            created["id"], created["queue"], created["task_type"], JobStatus(created["status"])
-        )
+        return created[0]
 
     async def health(self) -> DatabaseHealth:
         """The oldest open transaction's age, the `job` table's live and dead tuples and the

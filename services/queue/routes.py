@@ -1,6 +1,6 @@
 """HTTP routes of the queue service: thin handlers that decode, call QueueService, encode.
 
-Bodies are decoded once, strictly, after authentication (`common.bodies`). Claimed jobs are
+Bodies are decoded once, strictly, after authentication (`common.web.bodies`). Claimed jobs are
 encoded with their payload passed through as the JSON text PostgreSQL stored, never decoded
 and encoded again on the hot path.
 """
@@ -21,7 +21,6 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
 from common.batch import decode_entries, entry_result, split_valid
-from common.bodies import ReportJSON, StrictJSON
 from common.contracts import (
     LIST_LIMIT_DEFAULT,
     AckRequest,
@@ -51,7 +50,9 @@ from common.contracts import (
     SubmitJobResponse,
 )
 from common.errors import JobqError
-from common.queries import (
+from common.web.app import problems
+from common.web.bodies import ReportJSON, StrictJSON
+from common.web.list_params import (
     Cursor,
     Limit,
     QueueFilter,
@@ -60,8 +61,7 @@ from common.queries import (
     TenantScope,
     refuse_unknown_parameters,
 )
-from common.web import problems
-from services.queue.depth import DepthCache, current_depth
+from services.queue.depth import DepthCache
 from services.queue.repository import Claimed
 from services.queue.service import QueueService
 
@@ -380,7 +380,7 @@ async def queues(
 ) -> QueuesResponse:
     """Per-queue counts (from the Redis cache when fresh, else PostgreSQL), with `source` and
     `refreshedAt` saying which and when."""
-    return await current_depth(service.repository, depth_cache)
+    return await service.queue_depth(depth_cache)
 
 
 __all__ = ["JobController", "queues", "redrive"]

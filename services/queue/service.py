@@ -14,7 +14,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -38,22 +37,21 @@ from common.contracts import (
     JobList,
     JobStatus,
     JobView,
-    SubmitJobResponse,
+    QueuesResponse,
 )
-from common.enqueue import Inserted, JobRow, job_row
+from common.enqueue import Inserted, JobRow, Submitted, insert_jobs, job_row
 from common.errors import (
-    IdempotencyConflict,
     InvalidInput,
     InvalidState,
     JobNotFound,
     JobqError,
-    ServiceUnavailable,
     StaleReceiptHandle,
 )
 from common.ids import new_job_id
 from common.text import sanitize_result, sanitize_text
 from common.validation import check_payload
 from services.queue import retry
+from services.queue.depth import DepthCache, current_depth
 from services.queue.metrics import QueueMetrics
 from services.queue.repository import (
     Claimed,
@@ -68,21 +66,6 @@ from services.queue.settings import QueueSettings
 from services.queue.wakeup import WakeupHub
 
 logger = logging.getLogger(__name__)
-
-_INSERT_ATTEMPTS = 3
-
-
-@dataclass(frozen=True, slots=True)
-class Submitted:
-    """A submit's answer: the response body and whether a new job was created (202 vs 200)."""
-
-    response: SubmitJobResponse
-    created: bool
-
-
-def _conflict(row: JobRow, existing: uuid.UUID) -> IdempotencyConflict:
-    what = f"job id {row.id}" if row.id == existing else f"idempotency key {row.idempotency_key!r}"
-    return IdempotencyConflict(f"{what} is already used by job {existing} with a different request")
 
 
 def _outcome(status: JobStatus) -> str:
@@ -129,7 +112,7 @@ class QueueService:
         metrics: QueueMetrics,
         shutdown: asyncio.Event,
     ) -> None:
-        self.repository = repository
+        self._repository = repository
         self._hub = hub
         self._settings = settings
         self._metrics = metrics
@@ -166,16 +149,12 @@ class QueueService:
     ) -> list[Submitted | JobqError]:
         """Create jobs with one multi-row statement; one outcome per request, in order.
 
-        A replay is the same job id (a retried forward) or the same idempotency key with the
-        same request hash: the existing job's id and current status, `created=False`. A key
-        repeated inside the batch is a replay of its first use. A key already used by a
-        different request is IdempotencyConflict; an unstorable payload, PayloadTooLarge or
-        InvalidInput (skipped when the caller says the payloads are `checked`).
+        Replays and conflicts are decided by `common.enqueue.insert_jobs` (the client
+        library's path too). An unstorable payload is PayloadTooLarge or InvalidInput (not
+        checked again when the caller says the payloads are `checked`).
         """
         outcomes: list[Submitted | JobqError | None] = [None] * len(requests)
         rows: dict[int, JobRow] = {}
-        repeats: dict[int, tuple[int, JobRow]] = {}
-        first_use: dict[tuple[str, str | None], int] = {}
         default_attempts = self._settings.queue_max_attempts
         for index, request in enumerate(requests):
             if not checked:
@@ -184,71 +163,34 @@ class QueueService:
                 except JobqError as exc:
                     outcomes[index] = exc
                     continue
-            row = job_row(request, request.job_id or new_job_id(), default_attempts, request.tenant)
-            # Idempotency keys are unique per tenant (docs/architecture.md#tenants).
-            key = (request.tenant, request.idempotency_key)
-            if request.idempotency_key is not None and key in first_use:
-                repeats[index] = (first_use[key], row)
-                continue
-            if request.idempotency_key is not None:
-                first_use[key] = index
-            rows[index] = row
-        await self._insert_resolving(rows, outcomes)
-        for index, (first, row) in repeats.items():
-            earlier = outcomes[first]
-            if isinstance(earlier, Submitted):
-                same = row.request_hash == rows[first].request_hash
-                outcomes[index] = (
-                    Submitted(earlier.response, False)
-                    if same
-                    else _conflict(row, earlier.response.job_id)
-                )
-            else:
-                outcomes[index] = earlier
+            job_id = request.job_id or new_job_id()
+            rows[index] = job_row(request, job_id, default_attempts, request.tenant)
+        inserted = await insert_jobs(self._repository, list(rows.values()))
+        counts: Counter[tuple[str, str, str]] = Counter()
+        for (index, row), outcome in zip(rows.items(), inserted, strict=True):
+            outcomes[index] = outcome
+            if isinstance(outcome, Submitted) and outcome.created:
+                counts[(row.queue, row.task_type, row.tenant)] += 1
+        for (queue, task_type, tenant), count in counts.items():
+            self._metrics.count_enqueued(queue, task_type, tenant, count)
         return [o if o is not None else JobqError("no outcome") for o in outcomes]
 
-    async def _insert_resolving(
-        self, rows: dict[int, JobRow], outcomes: list[Submitted | JobqError | None]
-    ) -> None:
-        # Insert, then read collisions in new statements: a concurrent twin may commit in
-        # between, and retention may delete the row we collided with, so try a few times.
-        pending = dict(rows)
-        for _ in range(_INSERT_ATTEMPTS):
-            if not pending:
-                return
-            created = {
-                job.id: job for job in await self.repository.insert_many(list(pending.values()))
-            }
-            counts: Counter[tuple[str, str, str]] = Counter()
-            vanished: dict[int, JobRow] = {}
-            for index, row in pending.items():
-                job = created.get(row.id)
-                if job is not None:
-                    counts[(job.queue, job.task_type, row.tenant)] += 1
-                    outcomes[index] = Submitted(
-                        SubmitJobResponse(job_id=job.id, status=job.status), True
-                    )
-                    continue
-                existing = await self.repository.find_existing(
-                    row.id, row.idempotency_key, row.tenant
-                )
-                if existing is None:
-                    vanished[index] = row
-                elif existing.request_hash != row.request_hash or existing.tenant != row.tenant:
-                    outcomes[index] = _conflict(row, existing.id)
-                else:
-                    reply = SubmitJobResponse(job_id=existing.id, status=existing.status)
-                    outcomes[index] = Submitted(reply, False)
-            for (queue, task_type, tenant), count in counts.items():
-                self._metrics.count_enqueued(queue, task_type, tenant, count)
-            pending = vanished
-        for index in pending:
-            outcomes[index] = ServiceUnavailable("could not settle a concurrent submission; retry")
+    async def now(self) -> datetime:
+        """The database's clock, which decides every visibility."""
+        return await self._repository.now()
+
+    async def schema_revision(self) -> str | None:
+        """The alembic revision the database is at (None before the first migration)."""
+        return await self._repository.schema_revision()
+
+    async def queue_depth(self, cache: DepthCache) -> QueuesResponse:
+        """Per-queue counts: from `cache` when fresh, else counted in PostgreSQL."""
+        return await current_depth(self._repository, cache)
 
     async def get(self, job_id: uuid.UUID, tenant: str | None = None) -> JobView:
         """The job's view; raises JobNotFound, also (with a `tenant`) for another tenant's
         job, with the same message as for a missing one."""
-        found = await self.repository.get(job_id, tenant)
+        found = await self._repository.get(job_id, tenant)
         if found is None:
             raise JobNotFound(f"no job has id {job_id}")
         return found[0]
@@ -265,7 +207,7 @@ class QueueService:
     ) -> JobList:
         """One page of jobs, newest first; `cursor` is the previous page's `next_cursor`;
         with a `tenant`, that tenant's jobs only."""
-        items = await self.repository.list_jobs(
+        items = await self._repository.list_jobs(
             status=status,
             queue=queue,
             task_type=task_type,
@@ -300,7 +242,7 @@ class QueueService:
         while True:
             if not looked:
                 started = time.perf_counter()
-                jobs = await self.repository.claim(
+                jobs = await self._repository.claim(
                     request.queues, request.worker, request.max, visibility
                 )
                 self._metrics.claim_duration.observe(time.perf_counter() - started)
@@ -328,7 +270,7 @@ class QueueService:
         entries = request.acks
         _distinct_ids([entry.id for entry in entries], "/acks")
         started = time.perf_counter()
-        jobs, settled = await self.repository.ack_and_claim(
+        jobs, settled = await self._repository.ack_and_claim(
             [
                 (entry.id, entry.receipt_handle, sanitize_result(entry.result, RESULT_MAX_BYTES))
                 for entry in entries
@@ -350,7 +292,7 @@ class QueueService:
         for an unknown job, 409 for a stale handle. Raises InvalidInput for repeated ids.
         """
         _distinct_ids([entry.id for entry in entries])
-        settled = await self.repository.ack_many(
+        settled = await self._repository.ack_many(
             [
                 (entry.id, entry.receipt_handle, sanitize_result(entry.result, RESULT_MAX_BYTES))
                 for entry in entries
@@ -392,7 +334,7 @@ class QueueService:
             )
             for entry in entries
         ]
-        settled = {job.id: job for job in await self.repository.fail_many(rows, self._backoff)}
+        settled = {job.id: job for job in await self._repository.fail_many(rows, self._backoff)}
         self._record(list(settled.values()))
         statuses = await self._replays(
             [(entry.id, entry.receipt_handle) for entry in entries if entry.id not in settled]
@@ -435,11 +377,11 @@ class QueueService:
     async def _change_leases(
         self, entries: Sequence[tuple[uuid.UUID, uuid.UUID, int, str]]
     ) -> BatchHeartbeatResponse:
-        changed = {job.id: job for job in await self.repository.heartbeat_many(entries)}
+        changed = {job.id: job for job in await self._repository.heartbeat_many(entries)}
         reasons = {job_id: reason for job_id, _, _, reason in entries}
         self._record_releases([job for job in changed.values() if job.released], reasons)
         missing = {job_id for job_id, *_ in entries if job_id not in changed}
-        known = await self.repository.leases(list(missing)) if missing else {}
+        known = await self._repository.leases(list(missing)) if missing else {}
         results = []
         for job_id, *_ in entries:
             job = changed.get(job_id)
@@ -499,7 +441,7 @@ class QueueService:
         """Cancel a PENDING/SCHEDULED job at once; ask a PROCESSING one to stop (its worker
         learns it from the next heartbeat). Raises JobNotFound (also for another tenant's job
         when a `tenant` is given), or InvalidState (409) when the job already finished."""
-        view = await self.repository.cancel(job_id, tenant)
+        view = await self._repository.cancel(job_id, tenant)
         if view is None:
             current = await self.get(job_id, tenant)
             raise InvalidState(f"job {job_id} is {current.status}; only live jobs can be cancelled")
@@ -514,7 +456,7 @@ class QueueService:
     async def confirm_cancelled(self, job_id: uuid.UUID, handle: uuid.UUID) -> JobView:
         """The worker stopped the job after a cancel request: it ends CANCELLED. A replay
         returns the current view; raises JobNotFound or StaleReceiptHandle."""
-        settled = await self.repository.confirm_cancelled(job_id, handle)
+        settled = await self._repository.confirm_cancelled(job_id, handle)
         if settled is not None:
             self._record([settled])
             return await self.get(job_id)
@@ -525,7 +467,7 @@ class QueueService:
         """Run a DEAD_LETTER or CANCELLED job again (attempts and releases reset). Raises
         JobNotFound (also for another tenant's job when a `tenant` is given), or InvalidState
         (409) for any live or completed job, so a job never has two live copies."""
-        view = await self.repository.retry(job_id, tenant)
+        view = await self._repository.retry(job_id, tenant)
         if view is None:
             current = await self.get(job_id, tenant)
             raise InvalidState(
@@ -548,7 +490,7 @@ class QueueService:
         moved = 0
         while limit is None or moved < limit:
             batch = REDRIVE_BATCH if limit is None else min(REDRIVE_BATCH, limit - moved)
-            count = await self.repository.redrive(queue, task_type, batch, tenant)
+            count = await self._repository.redrive(queue, task_type, batch, tenant)
             moved += count
             if count < batch:
                 break
@@ -571,7 +513,7 @@ class QueueService:
         replay, with the job's status), 404 for an unknown job, 409 for a stale handle."""
         if not entries:
             return {}
-        leases = await self.repository.leases([job_id for job_id, _ in entries])
+        leases = await self._repository.leases([job_id for job_id, _ in entries])
         answers: dict[uuid.UUID, tuple[int, JobStatus | None]] = {}
         for job_id, handle in entries:
             if job_id not in leases:
@@ -645,7 +587,7 @@ class QueueService:
         """
         check_payload(request.payload)
         row = job_row(request, new_job_id(), self._settings.queue_max_attempts)
-        created = await self.repository.fire_schedule(name, cron, bucket, row)
+        created = await self._repository.fire_schedule(name, cron, bucket, row)
         if created is not None:
             self._metrics.count_enqueued(created.queue, created.task_type, row.tenant)
         return created

@@ -10,7 +10,8 @@ from common.contracts import (
     MAX_ATTEMPTS_MIN,
     VISIBILITY_TIMEOUT_MAX,
 )
-from common.settings import Duration, HttpServiceSettings, Port, Token
+from common.web.settings import Duration, HttpServiceSettings, Port, Token
+from services.queue.schedules import parse_schedules
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/jobq"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -76,8 +77,6 @@ class QueueSettings(HttpServiceSettings):
     @field_validator("queue_schedules")
     @classmethod
     def _schedules(cls, value: str) -> str:
-        from services.queue.recurring import parse_schedules
-
         parse_schedules(value)
         return value
 

@@ -10,10 +10,10 @@ import uvicorn
 import uvloop
 from prometheus_client import CollectorRegistry
 
-from common.http import QUEUE_SERVICE_CONNECTIONS, ServiceClient
 from common.logging import configure_logging
-from common.pools import PoolMetrics
-from common.settings import load_settings
+from common.web.http import QUEUE_SERVICE_CONNECTIONS, ServiceClient
+from common.web.pools import PoolMetrics
+from common.web.settings import load_settings
 from services.worker.app import EmbeddedServer, create_app
 from services.worker.client import QueueClient
 from services.worker.metrics import WorkerMetrics

@@ -9,7 +9,7 @@ import uvicorn
 from litestar import Litestar, Response, get
 from prometheus_client import CollectorRegistry
 
-from common.web import live, metrics_route
+from common.web.app import live, metrics_route
 from services.worker.client import QueueClient
 
 

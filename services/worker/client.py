@@ -32,7 +32,7 @@ from common.contracts import (
     JobView,
 )
 from common.errors import JobNotFound, JobqError, StaleReceiptHandle
-from common.http import ServiceClient, decode
+from common.web.http import ServiceClient, decode
 
 _READ_MARGIN = 10.0
 """Seconds a claim's deadline exceeds its long-poll wait, so the server ends the poll."""

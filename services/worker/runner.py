@@ -40,10 +40,9 @@ from common.contracts import (
 )
 from common.errors import JobqError, ServiceUnavailable, StaleReceiptHandle
 from common.text import sanitize_result, sanitize_text
+from jobq.processors import JobContext, NonRetryable, ProcessorRegistry, Registration, Retry
 from services.worker.client import QueueClient, Settler
 from services.worker.metrics import WorkerMetrics
-from services.worker.processors import JobContext, NonRetryable, ProcessorRegistry, Retry
-from services.worker.processors.base import Registration
 from services.worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,14 @@ from common.contracts import (
     WAIT_SECONDS_MAX,
     WORKER_NAME_MAX,
 )
-from common.settings import CommaList, Duration, EmailPolicySettings, Port, Token, parse_duration
+from common.web.settings import (
+    CommaList,
+    Duration,
+    EmailPolicySettings,
+    Port,
+    Token,
+    parse_duration,
+)
 
 
 def _default_worker_name() -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-from services.worker.processors import JobContext, ProcessorRegistry
+from jobq.processors import JobContext, ProcessorRegistry
 
 
 async def crash(job: JobContext) -> None:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from common.access import Caller, Role, parse_api_keys
+from common.web.access import Caller, Role, parse_api_keys
 from tests.conftest import INTERNAL_TOKEN, guarded_services
 
 ADMIN, SUBMIT = "admin-key-0123456789", "submit-key-0123456789"

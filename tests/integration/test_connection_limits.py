@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from common.serving import ServerLimits
+from common.web.serving import ServerLimits
 from tests.conftest import guarded_services
 from tests.helpers import eventually, trickle_until_closed
 

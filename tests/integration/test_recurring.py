@@ -12,8 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.queue.background import Retention
 from services.queue.metrics import QueueMetrics
-from services.queue.recurring import Recurring, Schedule, parse_schedules
+from services.queue.recurring import Recurring
 from services.queue.repository import JobRepository
+from services.queue.schedules import Schedule, parse_schedules
 from services.queue.service import QueueService
 from services.queue.settings import QueueSettings
 from services.queue.wakeup import WakeupHub

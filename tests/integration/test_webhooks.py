@@ -18,7 +18,7 @@ import httpcore
 import pytest
 import trustme
 
-from services.worker.processors import JobContext, NonRetryable, Retry
+from jobq.processors import JobContext, NonRetryable, Retry
 from services.worker.processors.webhook import WebhookProcessor, webhook_client
 
 PUBLIC_IP = "93.184.216.34"

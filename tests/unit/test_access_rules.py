@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from common.access import is_loopback, refuse_open_access
+from common.web.access import is_loopback, refuse_open_access
 
 
 @pytest.mark.parametrize(
@@ -43,13 +43,13 @@ def test_open_access_on_a_public_bind_refuses_to_start(
 def test_open_access_where_allowed_still_warns(
     host: str, insecure: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="common.access"):
+    with caplog.at_level(logging.WARNING, logger="common.web.access"):
         refuse_open_access("producer", host, ["JOBQ_API_KEYS"], insecure_allowed=insecure)
     [record] = caplog.records
     assert record.levelno == logging.WARNING and "JOBQ_API_KEYS" in record.getMessage()
 
 
 def test_configured_credentials_start_quietly(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="common.access"):
+    with caplog.at_level(logging.DEBUG, logger="common.web.access"):
         refuse_open_access("producer", "0.0.0.0", [], insecure_allowed=False)
     assert caplog.records == []

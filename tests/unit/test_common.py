@@ -19,10 +19,9 @@ from common.errors import (
 from common.hashing import request_hash
 from common.ids import new_job_id
 from common.metrics import OTHER, BoundedLabel
-from common.settings import parse_duration
 from common.text import sanitize_result, sanitize_text
-from common.validation import check_payload
-from common.web import _pointer
+from common.validation import check_payload, json_pointer
+from common.web.settings import parse_duration
 
 
 @pytest.mark.parametrize(
@@ -129,9 +128,9 @@ def test_problem_details_round_trip() -> None:
 
 
 def test_msgspec_paths_become_json_pointers() -> None:
-    assert _pointer("$.jobs[0].payload") == "/jobs/0/payload"
-    assert _pointer(".priority") == "/priority"
-    assert _pointer("") == ""
+    assert json_pointer("$.jobs[0].payload") == "/jobs/0/payload"
+    assert json_pointer(".priority") == "/priority"
+    assert json_pointer("") == ""
 
 
 def test_deep_results_become_a_stub_instead_of_crashing() -> None:

@@ -17,13 +17,8 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from common.mail import EmailPolicy
-from services.worker.processors import (
-    JobContext,
-    NonRetryable,
-    ProcessorRegistry,
-    Retry,
-    build_registry,
-)
+from jobq.processors import JobContext, NonRetryable, ProcessorRegistry, Retry
+from services.worker.processors import build_registry
 from services.worker.processors.basic import noop, sleep
 from services.worker.processors.email import EmailProcessor
 from services.worker.processors.webhook import (

@@ -76,7 +76,7 @@ def test_database_url_gets_the_asyncpg_driver() -> None:
 def test_load_settings_names_the_variable_and_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from common.settings import load_settings
+    from common.web.settings import load_settings
 
     monkeypatch.setenv("QUEUE_REAPER_INTERVAL", "5x")
     with pytest.raises(SystemExit) as exited:

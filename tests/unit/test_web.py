@@ -8,7 +8,7 @@ import pytest
 from litestar import Litestar, get
 from litestar.testing import TestClient
 
-from common.web import exception_handlers
+from common.web.app import exception_handlers
 
 
 @get("/boom", sync_to_thread=False)

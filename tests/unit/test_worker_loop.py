@@ -27,8 +27,8 @@ from common.contracts import (
     JobView,
 )
 from common.errors import ServiceUnavailable
+from jobq.processors import JobContext, NonRetryable, ProcessorRegistry
 from services.worker.metrics import WorkerMetrics
-from services.worker.processors import JobContext, NonRetryable, ProcessorRegistry
 from services.worker.runner import Worker
 from services.worker.settings import WorkerSettings
 from tests.helpers import eventually

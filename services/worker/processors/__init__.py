@@ -3,11 +3,12 @@
 Built in: `webhook` (POST JSON to a URL), `email` (send via SMTP), `noop` and `sleep`.
 
 To add your own, write a module that defines async processors and a `register(registry)`
-function, make it importable on the worker's `PYTHONPATH`, and list its dotted path in
-`WORKER_PROCESSOR_MODULES` (comma-separated):
+function (the SDK is `jobq.processors`, re-exported by `jobq`), make it importable on the
+worker's `PYTHONPATH`, and list its dotted path in `WORKER_PROCESSOR_MODULES`
+(comma-separated):
 
     # myapp/jobs.py, listed as WORKER_PROCESSOR_MODULES=myapp.jobs
-    from services.worker.processors import JobContext, ProcessorRegistry
+    from jobq import JobContext, ProcessorRegistry
 
     async def resize(job: JobContext) -> dict[str, int]:
         ...  # must be idempotent: the same job may run more than once
@@ -19,7 +20,8 @@ function, make it importable on the worker's `PYTHONPATH`, and list its dotted p
 `max_timeout_seconds=` to bound what a job may ask for with its `timeoutSeconds` (by default, no
 more than the larger of that default and `WORKER_JOB_TIMEOUT`; operators override it with
 `WORKER_TIMEOUT_CAPS`); a name registered later replaces a built-in of the same name. Raise
-`Retry` for transient failures and `NonRetryable` when retrying cannot help (see `base`).
+`Retry` for transient failures and `NonRetryable` when retrying cannot help (see
+`jobq.processors`).
 """
 
 from __future__ import annotations
@@ -27,13 +29,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from services.worker.processors.base import (
-    JobContext,
-    NonRetryable,
-    Processor,
-    ProcessorRegistry,
-    Retry,
-)
+from jobq.processors import ProcessorRegistry
 from services.worker.processors.basic import noop, sleep
 from services.worker.processors.email import EmailProcessor
 from services.worker.processors.webhook import WebhookProcessor
@@ -43,15 +39,7 @@ if TYPE_CHECKING:
 
     from services.worker.settings import WorkerSettings
 
-__all__ = [
-    "JobContext",
-    "NonRetryable",
-    "Processor",
-    "ProcessorRegistry",
-    "Retry",
-    "build_registry",
-    "load_processor_module",
-]
+__all__ = ["build_registry", "load_processor_module"]
 
 
 def build_registry(settings: WorkerSettings, http: httpx.AsyncClient) -> ProcessorRegistry:

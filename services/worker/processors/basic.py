@@ -6,7 +6,7 @@ import asyncio
 import math
 from typing import Any, Final
 
-from services.worker.processors.base import JobContext, NonRetryable
+from jobq.processors import JobContext, NonRetryable
 
 MAX_SLEEP_MS: Final = 3_600_000
 

@@ -26,7 +26,7 @@ import aiosmtplib
 
 from common.mail import EmailPolicy, EmailRequest, parse_email
 from common.payloads import PayloadProblem
-from services.worker.processors.base import JobContext, NonRetryable, Retry
+from jobq.processors import JobContext, NonRetryable, Retry
 
 
 class EmailProcessor:

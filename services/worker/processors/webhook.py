@@ -46,7 +46,7 @@ from typing import Any, Final
 import httpcore
 import httpx
 
-from services.worker.processors.base import JobContext, NonRetryable, Retry
+from jobq.processors import JobContext, NonRetryable, Retry
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,24 @@
-"""What a processor is, what it receives, and how it asks for a retry or gives up.
+"""The processor SDK: what a processor is, what it receives, how it asks for a retry or
+gives up, and how it is registered for a `taskType` (docs/architecture.md#worker).
 
 A processor is an async callable taking a `JobContext` and returning a JSON-serialisable result
 (stored on the job) or None. Delivery is at-least-once: a processor may run more than once for
 the same job, so it must be idempotent; `JobContext.id` and `idempotency_key` are stable
 across attempts and are what to deduplicate on.
+
+A worker loads your processors from a module listed in `WORKER_PROCESSOR_MODULES`:
+
+    # myapp/jobs.py, listed as WORKER_PROCESSOR_MODULES=myapp.jobs
+    from jobq import JobContext, ProcessorRegistry
+
+    async def resize(job: JobContext) -> dict[str, int]:
+        ...  # must be idempotent: the same job may run more than once
+
+    def register(registry: ProcessorRegistry) -> None:
+        registry.register("resize-image", resize)
+
+Pure: it needs the standard library only, so the client distribution ships it and the worker
+service runs it.
 """
 
 from __future__ import annotations

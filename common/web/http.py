@@ -25,7 +25,7 @@ import aiohttp
 import msgspec
 
 from common.errors import JobqError, ServiceUnavailable, from_problem
-from common.pools import PoolMetrics
+from common.web.pools import PoolMetrics
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

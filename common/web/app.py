@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -33,36 +32,11 @@ from common.errors import (
     PayloadTooLarge,
     RateLimited,
 )
+from common.validation import msgspec_problem
 
 logger = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
-_MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
-_PATH_TOKEN = re.compile(r"\.([A-Za-z0-9_]+)|\[(\d+)\]|\['((?:[^'\\]|\\.)*)'\]")
-_NAMED_FIELD = re.compile(r"(?:unknown|required) field `(?P<name>[^`]+)`")
-
-
-def _pointer(msgspec_path: str) -> str:
-    """Turn msgspec's `$.jobs[0].payload` into the JSON pointer `/jobs/0/payload`."""
-    parts = []
-    for attr, index, key in _PATH_TOKEN.findall(msgspec_path):
-        token = attr or index or key
-        parts.append(token.replace("~", "~0").replace("/", "~1"))
-    return "".join("/" + p for p in parts)
-
-
-def msgspec_error(message: str, root: str = "") -> InvalidInput:
-    """InvalidInput for a msgspec validation message such as
-    "Expected `int`, got `str` - at `$.priority`", with its JSON pointer under `root`."""
-    match = _MSGSPEC_PATH.search(message)
-    pointer = root + (_pointer(match.group("path")) if match else "")
-    named = _NAMED_FIELD.search(message)
-    if named:
-        pointer = f"{pointer}/{named.group('name')}"
-    detail = _MSGSPEC_PATH.sub("", message) or "invalid value"
-    return InvalidInput(
-        f"{pointer or '/'}: {detail}", errors=[{"pointer": pointer, "detail": detail}]
-    )
 
 
 def _validation_to_error(exc: ValidationException) -> JobqError:
@@ -83,19 +57,12 @@ def _validation_to_error(exc: ValidationException) -> JobqError:
         if source == "body" and message == "'data'":
             # Litestar's way of saying the body was missing entirely.
             return MalformedRequest("the request body is empty; send a JSON object")
-        match = _MSGSPEC_PATH.search(message)
-        if match:
-            pointer = _pointer(match.group("path"))
-        elif source == "body" and key and key != "data":
-            pointer = _pointer(key if key.startswith(("[", ".")) else "." + key)
-        else:
-            pointer = ""
-        named = _NAMED_FIELD.search(message)
-        if named:
-            pointer = f"{pointer}/{named.group('name')}"
+        fallback = ""
+        if source == "body" and key and key != "data":
+            fallback = key if key.startswith(("[", ".")) else "." + key
+        pointer, detail = msgspec_problem(message, fallback_path=fallback)
         if source in ("query", "path", "header", "cookie") and key:
             pointer = f"{source}:{key}"
-        detail = _MSGSPEC_PATH.sub("", message) or "invalid value"
         errors.append({"pointer": pointer, "detail": detail})
     if malformed or not errors:
         detail = errors[0]["detail"] if errors else str(exc.detail)

@@ -27,7 +27,7 @@ from litestar.typing import FieldDefinition
 
 from common.errors import MalformedRequest
 from common.text import LONE_SURROGATE_MARK_ESCAPE, repair_lone_surrogate_escapes
-from common.web import msgspec_error
+from common.validation import msgspec_error
 
 T = TypeVar("T")
 

@@ -1,0 +1,36 @@
+"""What the database reports about its queues and itself, as plain values: read by the
+repository, shown by the metrics and the depth cache (which so need not import the
+repository)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.contracts import JobStatus
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseHealth:
+    """What holds back or needs vacuum (read by `JobRepository.health`).
+
+    `oldest_transaction_age_seconds`: age of the oldest open transaction in this database that
+    holds a snapshot or a transaction id (0 when none), i.e. how far back the xmin horizon is
+    pinned. `live_tuples`/`dead_tuples`: of the `job` table, from the statistics collector.
+    `last_vacuum_age_seconds`: since the latest VACUUM or autovacuum of `job`, None before the
+    first.
+    """
+
+    oldest_transaction_age_seconds: float
+    live_tuples: int
+    dead_tuples: int
+    last_vacuum_age_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DepthRow:
+    """Count of jobs in one (queue, status), with the oldest PENDING job's age in seconds."""
+
+    queue: str
+    status: JobStatus
+    count: int
+    oldest_age_seconds: float
