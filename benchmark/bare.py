@@ -72,7 +72,7 @@ def create_app(database_url: str, pool_size: int = 10) -> Litestar:
 
 def main() -> None:
     """Serve the bare endpoint on 127.0.0.1 until SIGTERM/SIGINT, with the default HTTP limits
-    jobq's services use (`common.serving.ServerLimits`)."""
+    jobq's services use (`common.web.serving.ServerLimits`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--database-url", required=True)

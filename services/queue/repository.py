@@ -20,10 +20,10 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import msgspec
@@ -43,6 +43,8 @@ from services.queue.readings import DatabaseHealth, DepthRow
 from services.queue.retry import BACKOFF_CEILING_SQL, Backoff
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 LEASE_CAP_HOURS = 12
 """No lease extends past this many hours after its claim (as in SQS)."""
@@ -728,22 +730,26 @@ class JobRepository:
 
     async def _fetch(self, statement: str, *args: Any) -> list[asyncpg.Record]:
         """Run one statement (its own transaction); all its rows."""
-        rows: list[asyncpg.Record] = await self._statement("fetch", statement, args)
+        rows: list[asyncpg.Record] = await self._on_connection(
+            lambda conn: conn.fetch(statement, *args)
+        )
         return rows
 
     async def _fetchrow(self, statement: str, *args: Any) -> asyncpg.Record | None:
         """Run one statement (its own transaction); its first row, if any."""
-        row: asyncpg.Record | None = await self._statement("fetchrow", statement, args)
+        row: asyncpg.Record | None = await self._on_connection(
+            lambda conn: conn.fetchrow(statement, *args)
+        )
         return row
 
-    async def _statement(self, method: str, statement: str, args: tuple[Any, ...]) -> Any:
-        """`conn.<method>(statement, *args)` on a pooled connection; when the driver refused
-        to start it on a connection stuck in an earlier operation (`_never_sent`), once more
-        on a fresh connection (the stuck one is closed)."""
+    async def _on_connection(self, statement: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """`statement(conn)` (one statement) on a pooled connection; when the driver refused to
+        start it on a connection stuck in an earlier operation (`_never_sent`), once more on
+        a fresh connection (the stuck one is closed)."""
         for attempt in range(2):
             async with self._connection() as conn:
                 try:
-                    return await getattr(conn, method)(statement, *args)
+                    return await statement(conn)
                 except asyncpg.exceptions._base.InternalClientError as exc:
                     if attempt or not _never_sent(exc):
                         raise
@@ -764,8 +770,9 @@ class JobRepository:
             return []
         for attempt in range(_CONTENTION_RETRIES):
             try:
-                async with self._connection() as conn:
-                    return await AsyncpgExecutor(conn).insert_many(rows)
+                return await self._on_connection(
+                    lambda conn: AsyncpgExecutor(conn).insert_many(rows)
+                )
             except asyncpg.PostgresError as exc:
                 # The statement orders its rows, so a deadlock needs an outside party; the
                 # loser is rolled back whole and simply tries again.
@@ -782,8 +789,7 @@ class JobRepository:
     async def find_existing(self, row: JobRow) -> Existing | None:
         """The job holding `row.id`, or `row.tenant`'s job holding its idempotency key (the
         id first), or None."""
-        async with self._connection() as conn:
-            return await AsyncpgExecutor(conn).find_existing(row)
+        return await self._on_connection(lambda conn: AsyncpgExecutor(conn).find_existing(row))
 
     async def get(
         self, job_id: uuid.UUID, tenant: str | None = None
