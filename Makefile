@@ -131,7 +131,7 @@ keys: install ## Print the development API keys and internal token `make run` us
 	@$(BIN)/python -m infra.devkeys
 
 .PHONY: bench
-bench: install ## Whole benchmark suite with peers (~30 min): JSON+PNG in benchmark/results, table in benchmark/README.md
+bench: install ## Whole benchmark suite with peers (~15 min): JSON+PNG in benchmark/results, table in benchmark/README.md
 	$(BIN)/python -m benchmark --preset full
 
 .PHONY: bench-quick
