@@ -15,7 +15,13 @@ from __future__ import annotations
 import re
 from typing import Any, Unpack
 
-from common.contracts import DEFAULT_MAX_ATTEMPTS, NAME_PATTERN, SubmitJobResponse
+from common.contracts import (
+    DEFAULT_MAX_ATTEMPTS,
+    MAX_ATTEMPTS_MAX,
+    MAX_ATTEMPTS_MIN,
+    NAME_PATTERN,
+    SubmitJobResponse,
+)
 from common.drivers import executor_for
 from common.enqueue import insert_jobs, job_row
 from common.errors import InvalidInput, JobqError
@@ -44,6 +50,16 @@ async def enqueue(
     connection of another kind. The same path as the queue service's (`common.enqueue`).
     """
     request = build_request(task_type, payload, **options)
+    if not MAX_ATTEMPTS_MIN <= default_max_attempts <= MAX_ATTEMPTS_MAX:
+        raise InvalidInput(
+            f"default_max_attempts {default_max_attempts!r} is out of range",
+            errors=[
+                {
+                    "pointer": "default_max_attempts",
+                    "detail": f"must be within {MAX_ATTEMPTS_MIN}..{MAX_ATTEMPTS_MAX}",
+                }
+            ],
+        )
     if not re.match(NAME_PATTERN, tenant):
         raise InvalidInput(
             f"tenant {tenant!r} is not a name like a queue's",

@@ -25,21 +25,13 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from benchmark.database import admin_execute as _admin
 from common.web.serving import ServerLimits, server_config
 from infra import servers
 from infra.servers import ServerUnavailable, ensure_postgres, ensure_redis
 from infra.stack import ROOT, free_port
 from services.queue.repository import JobRepository, create_pool
 from services.queue.settings import async_database_url
-
-
-async def _admin(base_url: str, *statements: str) -> None:
-    connection = await asyncpg.connect(f"{base_url}/postgres")
-    try:
-        for statement in statements:
-            await connection.execute(statement)
-    finally:
-        await connection.close()
 
 
 def migrate(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:

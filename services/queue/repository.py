@@ -711,12 +711,23 @@ class JobRepository:
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
         async with _translated():
-            # asyncio.timeout rather than acquire(timeout=…), which starts a task per call.
-            async with asyncio.timeout(self._acquire_timeout):
-                if self._metrics is None:
-                    conn = await self._pool.acquire()
-                else:
-                    conn = await self._metrics.acquired(self._pool.acquire)
+            try:
+                # asyncio.timeout rather than acquire(timeout=…), which starts a task per call.
+                async with asyncio.timeout(self._acquire_timeout):
+                    if self._metrics is None:
+                        conn = await self._pool.acquire()
+                    else:
+                        conn = await self._metrics.acquired(self._pool.acquire)
+            except asyncpg.PostgresError as exc:
+                # Refused while connecting, whatever the reason (connections not allowed,
+                # authentication, database missing): this replica cannot serve right now.
+                logger.warning(
+                    "database refused a connection: %s: %s",
+                    type(exc).__name__,
+                    exc,
+                    extra={"event": "database_unavailable"},
+                )
+                raise ServiceUnavailable("the database is unavailable; retry shortly") from exc
             try:
                 yield conn
             except _BROKEN_CONNECTION:

@@ -12,7 +12,8 @@ import pytest
 from common.contracts import JobStatus
 from common.drivers import executor_for
 from common.enqueue import Existing, Inserted, JobRow, Submitted, insert_jobs
-from common.errors import IdempotencyConflict, ServiceUnavailable
+from common.errors import IdempotencyConflict, InvalidInput, ServiceUnavailable
+from jobq import enqueue
 from tests.helpers import new_job
 
 
@@ -102,3 +103,11 @@ async def test_a_collision_that_keeps_vanishing_is_unavailable_after_three_tries
 def test_executor_for_refuses_what_is_not_a_driver_connection() -> None:
     with pytest.raises(TypeError, match="asyncpg Connection or a SQLAlchemy"):
         executor_for(object())
+
+
+@pytest.mark.parametrize("attempts", [-5, 0, 101, 10**9])
+async def test_enqueue_refuses_a_default_max_attempts_out_of_bounds(attempts: int) -> None:
+    # Checked before any statement: the connection is never used.
+    with pytest.raises(InvalidInput) as refused:
+        await enqueue(object(), "noop", {}, default_max_attempts=attempts)
+    assert refused.value.errors[0]["pointer"] == "default_max_attempts"
