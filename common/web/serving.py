@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+import msgspec
 import uvicorn
 from litestar import Litestar
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -58,18 +59,32 @@ class ServerLimits:
     max_header_bytes: int = 64 * 1024
 
 
-def _raw_response(status: bytes, reason: str) -> bytes:
-    body = reason.encode()
+def _raw_response(status: int, reason: bytes, slug: str, detail: str) -> bytes:
+    """A complete HTTP/1.1 response closing the connection, whose body is an RFC 9457 problem
+    (as every other refusal of the services): for answers given below the app."""
+    body = msgspec.json.encode(
+        {
+            "type": f"urn:jobq:problem:{slug}",
+            "title": reason.decode(),
+            "status": status,
+            "detail": detail,
+        }
+    )
     return (
-        b"HTTP/1.1 " + status + b"\r\ncontent-type: text/plain; charset=utf-8\r\n"
-        b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/problem+json\r\n" % (status, reason)
+        + b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+        + body
     )
 
 
-_HEADER_TIMEOUT = _raw_response(b"408 Request Timeout", "request headers took too long")
-_BODY_TIMEOUT = _raw_response(b"408 Request Timeout", "request body took too long")
+_HEADER_TIMEOUT = _raw_response(
+    408, b"Request Timeout", "request-timeout", "request headers took too long"
+)
+_BODY_TIMEOUT = _raw_response(
+    408, b"Request Timeout", "request-timeout", "request body took too long"
+)
 _HEADERS_TOO_LARGE = _raw_response(
-    b"431 Request Header Fields Too Large", "request headers too large"
+    431, b"Request Header Fields Too Large", "headers-too-large", "request headers too large"
 )
 
 
@@ -112,7 +127,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._reading_headers and self._header_bytes > self.limits.max_header_bytes:
             self._refuse(_HEADERS_TOO_LARGE, "http_headers_too_large")
         else:
-            super().send_400_response(msg)
+            # uvicorn's own 400 is plain text; every refusal here is a problem document.
+            self.transport.write(_raw_response(400, b"Bad Request", "malformed-request", msg))
+            self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import httpx
@@ -32,6 +33,16 @@ async def connect(client: httpx.AsyncClient) -> tuple[asyncio.StreamReader, asyn
     url = client.base_url
     assert url.port is not None
     return await asyncio.open_connection(url.host, url.port)
+
+
+def problem(received: bytes, status: int) -> dict[str, object]:
+    """The problem document of a raw HTTP response with `status`, checked for its type."""
+    header, _, body = received.partition(b"\r\n\r\n")
+    assert header.startswith(b"HTTP/1.1 %d " % status), received
+    assert b"content-type: application/problem+json" in header.lower(), header
+    document: dict[str, object] = json.loads(body)
+    assert document["status"] == status and str(document["type"]).startswith("urn:jobq:problem:")
+    return document
 
 
 def head(path: str, length: int, *extra: str) -> bytes:
@@ -100,14 +111,14 @@ async def test_headers_sent_one_byte_at_a_time_are_cut_off(
         b"GET /jobs/00000000-0000-0000-0000-000000000000 HTTP/1.1\r\nHost: jobq\r\nX-Slow: "
     )
     received = await trickle_until_closed(reader, writer, b"a", every=0.1)
-    assert received.startswith(b"HTTP/1.1 408 "), received
+    assert problem(received, 408)["detail"] == "request headers took too long"
 
 
 async def test_a_body_sent_one_byte_at_a_time_is_cut_off(producer: httpx.AsyncClient) -> None:
     reader, writer = await connect(producer)
     writer.write(head("/jobs", 1000, f"Authorization: {BEARER['Authorization']}") + b"{")
     received = await trickle_until_closed(reader, writer, b" ", every=0.1)
-    assert received.startswith(b"HTTP/1.1 408 "), received
+    assert problem(received, 408)["detail"] == "request body took too long"
     # Meanwhile, and after, everyone else is served.
     reply = await producer.post("/jobs", json={"taskType": "noop", "payload": {}}, headers=BEARER)
     assert reply.status_code == 202
@@ -117,7 +128,25 @@ async def test_oversized_headers_are_refused(producer: httpx.AsyncClient) -> Non
     reader, writer = await connect(producer)
     writer.write(b"GET /health/live HTTP/1.1\r\nHost: jobq\r\nX-Big: " + b"a" * 16384 + b"\r\n\r\n")
     received = await trickle_until_closed(reader, writer, b"", every=0.2)
-    assert received.startswith(b"HTTP/1.1 431 "), received
+    assert problem(received, 431)["type"] == "urn:jobq:problem:headers-too-large"
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /health/live HTTP/1.1\r\nHost: jobq\r\nX-Bad: a\x01b\r\n\r\n",
+        b"POST /jobs HTTP/1.1\r\nHost: jobq\r\nContent-Length: 2\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n{}",
+    ],
+    ids=["control-byte-in-a-header", "length-and-chunked"],
+)
+async def test_unparseable_requests_get_a_problem_document(
+    producer: httpx.AsyncClient, request_bytes: bytes
+) -> None:
+    reader, writer = await connect(producer)
+    writer.write(request_bytes)
+    received = await trickle_until_closed(reader, writer, b"", every=0.2)
+    assert problem(received, 400)["type"] == "urn:jobq:problem:malformed-request"
 
 
 async def test_connections_beyond_the_cap_are_turned_away(producer: httpx.AsyncClient) -> None:
