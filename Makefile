@@ -14,7 +14,7 @@ WORKERS ?= 2
 BASE_URL ?=
 
 # What `make run` exports to every process it starts (see README "Configuration").
-RUN_ENV := LOG_FORMAT=text SMTP_HOST=127.0.0.1 SMTP_PORT=2525 \
+RUN_ENV := LOG_FORMAT=text SMTP_HOST=127.0.0.1 SMTP_PORT=2525 WORKER_METRICS_HOST=127.0.0.1 \
 	WEBHOOK_ALLOWED_HOSTS=localhost,127.0.0.1,::1 PATH="$(CURDIR)/$(BIN):$$PATH"
 
 .PHONY: help
@@ -69,7 +69,7 @@ run: install ## Start PostgreSQL/Redis if needed, migrate, run queue, producer, 
 		status=$$?; [ $$status -eq 0 ] || [ $$status -eq 130 ]  # 130: stopped with Ctrl-C
 
 .PHONY: test
-test: install ## Run every test (unit, integration, e2e) against real PostgreSQL and Redis
+test: install ## Run every test (unit, integration, e2e, fuzz) against real PostgreSQL and Redis
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: lint

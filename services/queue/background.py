@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from common.contracts import JobStatus
@@ -23,18 +24,44 @@ logger = logging.getLogger(__name__)
 BATCH = 500
 
 
+REPEAT_LOG_SECONDS = 30.0
+"""While a periodic step keeps failing, how often it is logged again (the first failure and
+the recovery are always logged)."""
+
+
 async def every(
     name: str, interval: float, step: Callable[[], Awaitable[object]], shutdown: asyncio.Event
 ) -> None:
-    """Run `step` every `interval` seconds until `shutdown` is set; a failing step is logged
-    and retried at the next tick, never fatal."""
+    """Run `step` every `interval` seconds until `shutdown` is set; a failing step is retried
+    at the next tick, never fatal. A run of failures (a database that is down fails every tick)
+    is logged at its first failure, then at most every `REPEAT_LOG_SECONDS`, and when it ends,
+    so an outage is a few lines, not a traceback per tick."""
+    failures = 0
+    logged_at = 0.0
     while not shutdown.is_set():
         try:
             await step()
-        except (JobqError, OSError) as exc:
-            logger.warning("%s failed: %s", name, exc, extra={"event": f"{name}_failed"})
-        except Exception:
-            logger.exception("%s crashed; retrying", name, extra={"event": f"{name}_failed"})
+        except Exception as exc:
+            failures += 1
+            now = time.monotonic()
+            if failures == 1 or now - logged_at >= REPEAT_LOG_SECONDS:
+                logged_at = now
+                extra = {"event": f"{name}_failed", "failures": failures}
+                if isinstance(exc, (JobqError, OSError)):
+                    logger.warning("%s failed (%d in a row): %s", name, failures, exc, extra=extra)
+                else:
+                    logger.exception(
+                        "%s crashed (%d in a row); retrying", name, failures, extra=extra
+                    )
+        else:
+            if failures:
+                logger.info(
+                    "%s recovered after %d failed runs",
+                    name,
+                    failures,
+                    extra={"event": f"{name}_recovered"},
+                )
+                failures = 0
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(shutdown.wait(), timeout=interval)
 
