@@ -593,13 +593,15 @@ async def _translated() -> AsyncIterator[None]:
     except (asyncpg.PostgresError, *_BROKEN_CONNECTION, OSError, TimeoutError) as exc:
         if not _unavailable(exc):
             raise
-        logger.warning(
-            "database unavailable: %s: %s",
-            type(exc).__name__,
-            exc,
-            extra={"event": "database_unavailable"},
-        )
-        raise ServiceUnavailable("the database is unavailable; retry shortly") from exc
+        raise _database_unavailable("database unavailable", exc) from exc
+
+
+def _database_unavailable(what: str, exc: BaseException) -> ServiceUnavailable:
+    """Log `what` happened (`exc`, the driver's error) and return the 503 to raise."""
+    logger.warning(
+        "%s: %s: %s", what, type(exc).__name__, exc, extra={"event": "database_unavailable"}
+    )
+    return ServiceUnavailable("the database is unavailable; retry shortly")
 
 
 async def _init_connection(connection: asyncpg.Connection) -> None:
@@ -721,13 +723,7 @@ class JobRepository:
             except asyncpg.PostgresError as exc:
                 # Refused while connecting, whatever the reason (connections not allowed,
                 # authentication, database missing): this replica cannot serve right now.
-                logger.warning(
-                    "database refused a connection: %s: %s",
-                    type(exc).__name__,
-                    exc,
-                    extra={"event": "database_unavailable"},
-                )
-                raise ServiceUnavailable("the database is unavailable; retry shortly") from exc
+                raise _database_unavailable("database refused a connection", exc) from exc
             try:
                 yield conn
             except _BROKEN_CONNECTION:
