@@ -39,6 +39,14 @@ ERRORS_HISTORY_MAX = 10
 WORKER_NAME_MAX = 200
 REDRIVE_LIMIT_MAX = 10_000_000
 BATCH_MAX = 500
+CLIENT_IDLE_SECONDS = 2.0
+"""jobq's own HTTP clients (the client library, the producer's and the workers' pools towards
+the queue service) stop reusing a pooled connection idle this long (seconds)."""
+SERVER_KEEP_ALIVE_MIN_SECONDS = 2 * CLIENT_IDLE_SECONDS
+"""jobq's servers keep an idle keep-alive connection open at least this long
+(`HTTP_KEEP_ALIVE_TIMEOUT` may not be lower), so a client never sends on a connection the
+server is closing at that very moment; a proxy in front of a jobq server must follow the same
+rule towards it (its idle timeout under the server's)."""
 LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX = 50, 500
 REDRIVE_BATCH = 500
 

@@ -10,6 +10,7 @@ import httpx
 import msgspec
 
 from common.contracts import (
+    CLIENT_IDLE_SECONDS,
     BatchSubmitRequest,
     BatchSubmitResponse,
     JobList,
@@ -25,11 +26,19 @@ from jobq.request import SubmitOptions, build_request
 
 T = TypeVar("T")
 
+_CLOSED_UNANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+"""What httpx raises when the server closed the connection instead of answering."""
+
 
 class Client:
     """Talk to a jobq producer: `Client("http://127.0.0.1:8080", api_key=…)`.
 
-    Requests that fail to connect are retried by httpx's transport (`retries`); every method
+    Requests that fail to connect are retried by httpx's transport (`retries`). A request
+    whose connection the server closed before any response arrived (an idle keep-alive
+    connection closing just as it was sent) is sent once more on a fresh connection when that
+    is safe: reads, and submits whose every job carries an idempotency key (RFC 9110 §9.2.2:
+    only idempotent requests may be retried automatically). Idle connections are given up
+    after `common.contracts.CLIENT_IDLE_SECONDS`, before the producer closes them. Every method
     raises the `common.errors` class the producer answered with (InvalidInput,
     IdempotencyConflict, JobNotFound, Unauthorized, ServiceUnavailable, …). Timeouts are in
     seconds. Use it as a context manager, or call `close()`.
@@ -49,7 +58,10 @@ class Client:
             base_url=base_url,
             headers=headers,
             timeout=timeout,
-            transport=transport or httpx.HTTPTransport(retries=retries),
+            transport=transport
+            or httpx.HTTPTransport(
+                retries=retries, limits=httpx.Limits(keepalive_expiry=CLIENT_IDLE_SECONDS)
+            ),
         )
 
     def __enter__(self) -> Client:
@@ -73,12 +85,14 @@ class Client:
         """Submit one job; a replay (same idempotency key and request) returns the same job.
         Bad input raises InvalidInput/PayloadTooLarge before anything is sent."""
         request = build_request(task_type, payload, **options)
-        return self._call("POST", "/jobs", SubmitJobResponse, request)
+        replayable = request.idempotency_key is not None
+        return self._call("POST", "/jobs", SubmitJobResponse, request, replayable=replayable)
 
     def submit_batch(self, requests: list[SubmitJobRequest]) -> BatchSubmitResponse:
         """Submit up to 500 jobs; each gets its own result (202, 200, 409, 413 or 422)."""
         body = BatchSubmitRequest(jobs=[msgspec.to_builtins(r) for r in requests])
-        return self._call("POST", "/jobs/batch", BatchSubmitResponse, body)
+        replayable = all(r.idempotency_key is not None for r in requests)
+        return self._call("POST", "/jobs/batch", BatchSubmitResponse, body, replayable=replayable)
 
     def get(self, job_id: uuid.UUID | str) -> JobView:
         """The job's current view."""
@@ -120,15 +134,26 @@ class Client:
         type_: type[T],
         body: Any = None,
         params: dict[str, Any] | None = None,
+        *,
+        replayable: bool | None = None,
     ) -> T:
+        """Send one request and decode its reply; `replayable` (default: reads only) says
+        whether it may be sent again after its connection closed without an answer."""
         content = None if body is None else msgspec.json.encode(body)
         headers = {"Content-Type": "application/json"} if content is not None else None
-        try:
-            response = self._http.request(
-                method, path, content=content, headers=headers, params=params
-            )
-        except httpx.TransportError as exc:
-            raise ServiceUnavailable(f"jobq unreachable: {type(exc).__name__}") from exc
+        again = method == "GET" if replayable is None else replayable
+        while True:
+            try:
+                response = self._http.request(
+                    method, path, content=content, headers=headers, params=params
+                )
+                break
+            except _CLOSED_UNANSWERED as exc:
+                if not again:
+                    raise ServiceUnavailable(f"jobq unreachable: {type(exc).__name__}") from exc
+                again = False
+            except httpx.TransportError as exc:
+                raise ServiceUnavailable(f"jobq unreachable: {type(exc).__name__}") from exc
         if not response.is_success:
             try:
                 problem = response.json()

@@ -9,7 +9,9 @@ Every call has one total deadline, covering the wait for a pooled connection, co
 sending and reading; a call that cannot finish in time is ServiceUnavailable. Every jobq call
 is safe to repeat (submits carry their job id, settles are fenced and idempotent), so a call
 whose pooled connection turns out to be dead, or whose connection attempt is refused, is sent
-again within that deadline.
+again within that deadline. Idle pooled connections are given up after
+`common.contracts.CLIENT_IDLE_SECONDS`, well before a jobq server closes them, so a request is
+not sent on a connection that is being closed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, TypeVar
 import aiohttp
 import msgspec
 
+from common.contracts import CLIENT_IDLE_SECONDS
 from common.errors import JobqError, ServiceUnavailable, from_problem
 from common.web.pools import PoolMetrics
 
@@ -81,7 +84,13 @@ class ServiceClient:
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections, use_dns_cache=True),
+                connector=aiohttp.TCPConnector(
+                    limit=self._max_connections,
+                    use_dns_cache=True,
+                    # Give up idle connections well before the server closes them
+                    # (common.contracts.SERVER_KEEP_ALIVE_MIN_SECONDS).
+                    keepalive_timeout=CLIENT_IDLE_SECONDS,
+                ),
                 headers=self._headers,
                 # Calls between services never use cookies or proxies from the environment.
                 cookie_jar=aiohttp.DummyCookieJar(),

@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from common.contracts import CLIENT_IDLE_SECONDS, SERVER_KEEP_ALIVE_MIN_SECONDS
 from common.mail import EmailPolicy
 from common.web.serving import ServerLimits
 
@@ -148,6 +149,17 @@ class HttpServiceSettings(BaseServiceSettings):
     def _positive_timeout(cls, value: float) -> float:
         if value <= 0:
             raise ValueError("a timeout must be greater than zero")
+        return value
+
+    @field_validator("http_keep_alive_timeout")
+    @classmethod
+    def _outlasts_clients(cls, value: float) -> float:
+        if value < SERVER_KEEP_ALIVE_MIN_SECONDS:
+            raise ValueError(
+                f"must be at least {SERVER_KEEP_ALIVE_MIN_SECONDS:g}s: jobq's clients reuse an "
+                f"idle connection for up to {CLIENT_IDLE_SECONDS:g}s, and a server closing it "
+                "sooner races their next request"
+            )
         return value
 
     def server_limits(self) -> ServerLimits:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from common.contracts import JobStatus
 from common.errors import JobqError
+from common.logging import FailureRun, RepeatedEvents
 from services.queue.depth import DepthCache
 from services.queue.metrics import QueueMetrics
 from services.queue.repository import JobRepository
@@ -24,44 +24,28 @@ logger = logging.getLogger(__name__)
 BATCH = 500
 
 
-REPEAT_LOG_SECONDS = 30.0
-"""While a periodic step keeps failing, how often it is logged again (the first failure and
-the recovery are always logged)."""
-
-
 async def every(
     name: str, interval: float, step: Callable[[], Awaitable[object]], shutdown: asyncio.Event
 ) -> None:
     """Run `step` every `interval` seconds until `shutdown` is set; a failing step is retried
     at the next tick, never fatal. A run of failures (a database that is down fails every tick)
-    is logged at its first failure, then at most every `REPEAT_LOG_SECONDS`, and when it ends,
-    so an outage is a few lines, not a traceback per tick."""
-    failures = 0
-    logged_at = 0.0
+    is logged by `common.logging.FailureRun`: its first failure, then at most every
+    `common.logging.REPEAT_LOG_SECONDS`, and when it ends, so an outage is a few lines, not a
+    traceback per tick. Unexpected errors (not JobqError/OSError) keep their traceback."""
+    run = FailureRun(logger, name)
     while not shutdown.is_set():
         try:
             await step()
         except Exception as exc:
-            failures += 1
-            now = time.monotonic()
-            if failures == 1 or now - logged_at >= REPEAT_LOG_SECONDS:
-                logged_at = now
-                extra = {"event": f"{name}_failed", "failures": failures}
-                if isinstance(exc, (JobqError, OSError)):
-                    logger.warning("%s failed (%d in a row): %s", name, failures, exc, extra=extra)
-                else:
-                    logger.exception(
-                        "%s crashed (%d in a row); retrying", name, failures, extra=extra
-                    )
+            expected = isinstance(exc, (JobqError, OSError))
+            run.failed(
+                "%s failed: %s" if expected else "%s crashed; retrying: %s",
+                name,
+                exc,
+                exc_info=not expected,
+            )
         else:
-            if failures:
-                logger.info(
-                    "%s recovered after %d failed runs",
-                    name,
-                    failures,
-                    extra={"event": f"{name}_recovered"},
-                )
-                failures = 0
+            run.succeeded()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(shutdown.wait(), timeout=interval)
 
@@ -72,6 +56,7 @@ class Reaper:
     def __init__(self, repository: JobRepository, metrics: QueueMetrics) -> None:
         self._repository = repository
         self._metrics = metrics
+        self._repeats = RepeatedEvents()
 
     async def sweep(self) -> int:
         """Reap every expired lease, in batches; returns how many were reaped (the statement
@@ -83,12 +68,25 @@ class Reaper:
                 queue = self._metrics.queue_label(job.queue)
                 self._metrics.lease_expired.labels(queue).inc()
                 extra = {"event": "lease_expired", "job_id": str(job.id), "status": job.status}
+                # Folded per queue: a crashed worker expires its whole batch of leases.
                 if job.status is JobStatus.DEAD_LETTER:
                     task = self._metrics.task_label(job.task_type)
                     self._metrics.processed.labels(queue, task, "dead_letter").inc()
-                    logger.error("lease expired on the last attempt; dead-lettered", extra=extra)
+                    self._repeats.log(
+                        logger,
+                        logging.ERROR,
+                        job.queue,
+                        "lease expired on the last attempt; dead-lettered",
+                        extra=extra,
+                    )
                 else:
-                    logger.warning("lease expired; job is ready again", extra=extra)
+                    self._repeats.log(
+                        logger,
+                        logging.WARNING,
+                        job.queue,
+                        "lease expired; job is ready again",
+                        extra=extra,
+                    )
             total += len(reaped)
             if len(reaped) < BATCH:
                 return total

@@ -48,6 +48,7 @@ from common.errors import (
     StaleReceiptHandle,
 )
 from common.ids import new_job_id
+from common.logging import RepeatedEvents
 from common.text import sanitize_result, sanitize_text
 from common.validation import check_payload
 from services.queue import retry
@@ -117,6 +118,7 @@ class QueueService:
         self._settings = settings
         self._metrics = metrics
         self._shutdown = shutdown
+        self._repeats = RepeatedEvents()
         self._backoff = retry.Backoff(
             settings.queue_retry_base_delay,
             settings.queue_retry_multiplier,
@@ -531,7 +533,7 @@ class QueueService:
 
     def _record(self, settled: Sequence[Settled]) -> None:
         """Count settled attempts by outcome, observe end-to-end times, log retries (WARNING)
-        and dead letters (ERROR)."""
+        and dead letters (ERROR), folded per task type (`common.logging.RepeatedEvents`)."""
         counts: Counter[tuple[str, str, str]] = Counter()
         metrics = self._metrics
         for job in settled:
@@ -541,20 +543,32 @@ class QueueService:
             if job.end_to_end_seconds is not None:
                 metrics.end_to_end.labels(queue, task).observe(job.end_to_end_seconds)
             if job.status is JobStatus.DEAD_LETTER:
-                logger.error(
+                self._repeats.log(
+                    logger,
+                    logging.ERROR,
+                    job.task_type,
                     "job dead-lettered: %s",
                     job.last_error,
                     extra={
                         "event": "job_dead_letter",
                         "job_id": str(job.id),
+                        "task_type": job.task_type,
                         "attempt": job.attempts,
                     },
                 )
             elif outcome == "retry":
-                logger.warning(
+                self._repeats.log(
+                    logger,
+                    logging.WARNING,
+                    job.task_type,
                     "job will retry: %s",
                     job.last_error,
-                    extra={"event": "job_retry", "job_id": str(job.id), "attempt": job.attempts},
+                    extra={
+                        "event": "job_retry",
+                        "job_id": str(job.id),
+                        "task_type": job.task_type,
+                        "attempt": job.attempts,
+                    },
                 )
         for (queue, task, outcome), count in counts.items():
             metrics.processed.labels(queue, task, outcome).inc(count)
@@ -569,7 +583,10 @@ class QueueService:
             outcome = _outcome(job.status)
             if outcome != "retry":
                 metrics.processed.labels(queue, metrics.task_label(job.task_type), outcome).inc()
-            logger.info(
+            self._repeats.log(
+                logger,
+                logging.INFO,
+                reasons[job.id],
                 "job released (%s): now %s",
                 reasons[job.id],
                 job.status,

@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 
 from common.enqueue import WAKEUP_CHANNEL
+from common.logging import FailureRun
 
 logger = logging.getLogger(__name__)
 
@@ -99,12 +100,15 @@ async def listen_forever(
     (a NAT or firewall that drops an idle flow leaves both sockets open, so nothing else would
     tell). A dead connection is therefore noticed within interval + timeout seconds.
     `reconnected(reason)` is called for each replacement, with reason `silent`, `closed` or
-    `error` (the connection or LISTEN failed). In the meantime waiters still re-check on their
-    own interval, and every new connection wakes them all once, so a lost notification delays
-    a claim, never loses it.
+    `error` (the connection or LISTEN failed; retried every second). A run of failures is
+    logged as `common.logging.FailureRun` logs it (`listen_failed` at the first, then every
+    30 s with the count; `listen_recovered` with how long LISTEN was down). In the meantime
+    waiters still re-check on their own interval, and every new connection wakes them all
+    once, so a lost notification delays a claim, never loses it.
     """
+    run = FailureRun(logger, "listen")
     while not shutdown.is_set():
-        reason = await _listen_once(dsn, hub, shutdown, probe_interval, probe_timeout)
+        reason = await _listen_once(dsn, hub, shutdown, probe_interval, probe_timeout, run)
         if shutdown.is_set():
             return
         reconnected(reason)
@@ -114,10 +118,15 @@ async def listen_forever(
 
 
 async def _listen_once(
-    dsn: str, hub: WakeupHub, shutdown: asyncio.Event, probe_interval: float, probe_timeout: float
+    dsn: str,
+    hub: WakeupHub,
+    shutdown: asyncio.Event,
+    probe_interval: float,
+    probe_timeout: float,
+    run: FailureRun,
 ) -> str:
     """Listen on one connection until shutdown (returns "shutdown") or until it is lost
-    ("closed", "silent" or "error")."""
+    ("closed", "silent" or "error"); a failure to connect or LISTEN counts in `run`."""
     loop = asyncio.get_running_loop()
     probe_channel = f"jobq_probe_{secrets.token_hex(8)}"
     echoed = asyncio.Event()
@@ -142,6 +151,7 @@ async def _listen_once(
         await connection.add_listener(WAKEUP_CHANNEL, on_notify)
         await connection.add_listener(probe_channel, on_notify)
         connection.add_termination_listener(lambda _c: lost.set())
+        run.succeeded()
         # Notifications sent while no connection listened are gone: let every waiter re-check.
         hub.wake_all()
         while True:
@@ -172,7 +182,7 @@ async def _listen_once(
                 )
                 return "silent"
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-        logger.warning("LISTEN connection failed: %s", exc, extra={"event": "listen_failed"})
+        run.failed("LISTEN connection failed: %s", exc)
         return "error"
     finally:
         if connection is not None and not connection.is_closed():

@@ -39,6 +39,7 @@ from common.contracts import (
     JobStatus,
 )
 from common.errors import JobqError, ServiceUnavailable, StaleReceiptHandle
+from common.logging import RepeatedEvents
 from common.text import sanitize_result, sanitize_text
 from jobq.processors import JobContext, NonRetryable, ProcessorRegistry, Registration, Retry
 from services.worker.client import QueueClient, Settler
@@ -133,6 +134,7 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._backoff = 0.0
         self._connected = False
+        self._repeats = RepeatedEvents()
 
     @property
     def _processing(self) -> list[Running]:
@@ -433,10 +435,20 @@ class Worker:
             "task_type": job.task_type,
             "attempt": job.attempts,
         }
+        # Folded per task type: one tenant's junk must not flood the operators' logs.
         if outcome == "dead_letter":
-            logger.error("job dead-lettered: %s", error, extra=extra)
+            self._repeats.log(
+                logger, logging.ERROR, job.task_type, "job dead-lettered: %s", error, extra=extra
+            )
         else:
-            logger.warning("job failed, will retry: %s", error, extra=extra)
+            self._repeats.log(
+                logger,
+                logging.WARNING,
+                job.task_type,
+                "job failed, will retry: %s",
+                error,
+                extra=extra,
+            )
 
     async def _settle(
         self, running: Running, what: str, report: Callable[[], Awaitable[T]]

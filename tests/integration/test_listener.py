@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
@@ -18,6 +19,7 @@ import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
+from benchmark.database import admin_execute
 from common.enqueue import WAKEUP_CHANNEL
 from services.queue.metrics import QueueMetrics
 from services.queue.wakeup import WakeupHub, listen_forever
@@ -166,3 +168,56 @@ async def test_a_silently_dead_listen_connection_is_replaced_within_the_bound(
         shutdown.set()
         await asyncio.wait_for(listener, timeout=10)
         await sender.close()
+
+
+async def test_a_listen_outage_while_every_slot_is_held_is_a_few_lines_and_one_recovery(
+    database_url: str, postgres_base: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL refuses the listener's connections while every slot it may use is held
+    (its role may open one connection, and another session holds it; superusers are exempt
+    from connection limits, so the listener connects as an ordinary role): the refusals, one a
+    second, are logged once, and the end of the outage once, with its length and count."""
+    role = f"jobq_listen_{os.getpid()}"
+    await admin_execute(
+        postgres_base,
+        f'DROP ROLE IF EXISTS "{role}"',
+        f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 1',
+    )
+    address = urlsplit(database_url)
+    as_role = urlunsplit(address._replace(netloc=f"{role}@{address.hostname}:{address.port}"))
+    hub, shutdown, reasons = RecordingHub(), asyncio.Event(), list[str]()
+    holder = await asyncpg.connect(as_role)
+    caplog.set_level(logging.INFO, logger="services.queue.wakeup")
+    listener = asyncio.create_task(
+        listen_forever(as_role, hub, shutdown, reconnected=reasons.append)
+    )
+    sender = await asyncpg.connect(database_url)
+    try:
+
+        async def refusals() -> int:
+            return reasons.count("error")
+
+        await eventually(refusals, lambda n: n >= 4, within=30, what="four refused connections")
+        await holder.close()
+
+        async def heard() -> bool:
+            await sender.execute("SELECT pg_notify($1, 'after-outage:1')", WAKEUP_CHANNEL)
+            await asyncio.sleep(0.05)
+            return "after-outage:1" in hub.payloads
+
+        await eventually(heard, bool, within=15, what="a wake-up after the outage")
+    finally:
+        shutdown.set()
+        await asyncio.wait_for(listener, timeout=10)
+        await sender.close()
+        if not holder.is_closed():
+            await holder.close()
+        await admin_execute(postgres_base, f'DROP ROLE IF EXISTS "{role}"')
+
+    failed = [r for r in caplog.records if getattr(r, "event", "") == "listen_failed"]
+    recovered = [r for r in caplog.records if getattr(r, "event", "") == "listen_recovered"]
+    assert len(failed) == 1, [r.getMessage() for r in failed]
+    assert "too many connections" in failed[0].getMessage()
+    assert len(recovered) == 1 and recovered[0].levelno == logging.INFO
+    assert recovered[0].failures == reasons.count("error") >= 4
+    assert recovered[0].down_seconds >= 3.0

@@ -32,7 +32,7 @@ async def test_a_failing_step_is_logged_once_per_run_and_its_recovery_once(
     events = [getattr(r, "event", "") for r in caplog.records]
     assert calls == 60
     assert events == ["scheduler_failed", "scheduler_recovered"]
-    assert "50 failed runs" in caplog.records[-1].getMessage()
+    assert "50 failed attempts" in caplog.records[-1].getMessage()
 
 
 async def test_an_unexpected_error_keeps_its_traceback_and_the_loop_goes_on(
