@@ -6,6 +6,7 @@ through an outage. No I/O: the fake keeps the jobs; time is the event loop's."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -346,3 +347,23 @@ async def test_jobs_finishing_together_are_replaced_by_one_claim() -> None:
     # their acks): three claims of 4 take the 12 jobs, not one claim per freed slot.
     assert [asked for asked, _ in queue.claims[:3]] == [4, 4, 4]
     assert [acks for _, acks in queue.claims[1:3]] == [4, 4]
+
+
+async def test_a_flood_of_dead_letters_of_one_task_type_is_one_error_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One tenant's 200 junk jobs must not write 200 ERROR lines; another task type's first
+    dead letter still shows."""
+    queue = FakeQueue()
+    junk = [queue.add("refuse") for _ in range(200)]
+    caplog.set_level(logging.INFO, logger="services.worker.runner")
+    _, shutdown, task = await _running(
+        queue, {"refuse": _refuse, "refuse-too": _refuse}, worker_concurrency=16
+    )
+    await _until(lambda: all(queue.status(job) is JobStatus.DEAD_LETTER for job in junk))
+    other = queue.add("refuse-too")
+    await _until(lambda: queue.status(other) is JobStatus.DEAD_LETTER)
+    shutdown.set()
+    await task
+    errors = [r for r in caplog.records if getattr(r, "event", "") == "job_dead_letter"]
+    assert [getattr(r, "task_type") for r in errors] == ["refuse", "refuse-too"]
