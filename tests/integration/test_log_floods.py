@@ -43,4 +43,4 @@ async def test_dead_letters_of_one_task_type_are_one_error_line(
 
     assert {result.job_status for result in failed.results} == {JobStatus.DEAD_LETTER}
     errors = [r for r in caplog.records if getattr(r, "event", "") == "job_dead_letter"]
-    assert sorted(getattr(r, "task_type") for r in errors) == ["junk", "other"]
+    assert sorted(r.task_type for r in errors) == ["junk", "other"]

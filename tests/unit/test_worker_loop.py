@@ -366,4 +366,4 @@ async def test_a_flood_of_dead_letters_of_one_task_type_is_one_error_line(
     shutdown.set()
     await task
     errors = [r for r in caplog.records if getattr(r, "event", "") == "job_dead_letter"]
-    assert [getattr(r, "task_type") for r in errors] == ["refuse", "refuse-too"]
+    assert [r.task_type for r in errors] == ["refuse", "refuse-too"]
