@@ -50,8 +50,12 @@ servers: install ## Find or start PostgreSQL and Redis; print their URLs
 	$(BIN)/python -m infra.servers env --database jobq
 
 .PHONY: stop-servers
-stop-servers: install ## Stop throwaway PostgreSQL/Redis that jobq started (never yours)
+stop-servers: install ## Stop throwaway PostgreSQL/Redis that jobq started (never yours); data kept
 	$(BIN)/python -m infra.servers stop
+
+.PHONY: discard-servers
+discard-servers: install ## Stop them and delete their data (/var/tmp/jobq-servers)
+	$(BIN)/python -m infra.servers discard
 
 .PHONY: migrate
 migrate: install ## Apply the alembic migrations to DATABASE_URL (or the found server)
@@ -127,8 +131,8 @@ openapi: install ## Regenerate the committed OpenAPI documents in openapi/
 	$(BIN)/python -m infra.openapi
 
 .PHONY: keys
-keys: install ## Print the development API keys and internal token `make run` uses
-	@$(BIN)/python -m infra.devkeys
+keys: ## Print the development API keys and internal token `make run` uses (no install needed)
+	@$(PYTHON) -m infra.devkeys
 
 .PHONY: bench
 bench: install ## Whole benchmark suite with peers (~15 min): JSON+PNG in benchmark/results, table in benchmark/README.md

@@ -238,6 +238,21 @@ def _throwaway_cluster(env: Mapping[str, str]) -> dict[str, Any] | None:
     return next((c for c in clusters if c.get("cluster") == CLUSTER_NAME), None)
 
 
+def _own_port(state_dir: Path | None) -> bool:
+    """Whether the throwaway cluster of `state_dir` is the one running on `DEFAULT_PG_PORT`
+    (then the server found there is jobq's own, not the machine's)."""
+    path = (state_dir or DEFAULT_STATE_DIR).expanduser()
+    if not (path / "clusters").is_dir() or shutil.which("pg_lsclusters") is None:
+        return False
+    try:
+        cluster = _throwaway_cluster(_cluster_env(path.resolve()))
+    except (_StartFailed, OSError, ValueError):
+        return False
+    if not cluster or not cluster.get("running"):
+        return False
+    return int(cluster.get("port", 0)) == DEFAULT_PG_PORT
+
+
 def _newest_pg_version() -> str:
     """The newest PostgreSQL major version installed under `PG_VERSIONS_DIR`, e.g. '15'."""
     versions = [path.parent.parent.name for path in PG_VERSIONS_DIR.glob("*/bin/postgres")]
@@ -325,7 +340,8 @@ def ensure_postgres(state_dir: Path | None = None) -> str:
         base = f"postgresql://{user}@{LOCAL_HOST}:{DEFAULT_PG_PORT}"
         reason = _pg_probe(base)
         if reason is None:
-            _progress(f"postgres: using the server on {LOCAL_HOST}:{DEFAULT_PG_PORT} as {user}")
+            whose = "jobq's throwaway server" if _own_port(state_dir) else "the server"
+            _progress(f"postgres: using {whose} on {LOCAL_HOST}:{DEFAULT_PG_PORT} as {user}")
             return base
         reasons.append(f"as {user}: {reason}")
     _progress(f"postgres: none on {LOCAL_HOST}:{DEFAULT_PG_PORT} ({'; '.join(reasons)})")
@@ -521,6 +537,26 @@ def stop_throwaway(state_dir: Path | None = None) -> list[str]:
     return stopped
 
 
+def discard_throwaway(state_dir: Path | None = None) -> int:
+    """Stop the throwaway servers of `state_dir` and delete it with their data; return the
+    bytes freed. The machine's own servers are never touched. Raises ServerUnavailable."""
+    path = (state_dir or DEFAULT_STATE_DIR).expanduser().resolve()
+    stop_throwaway(path)
+    if not path.is_dir():
+        return 0
+    freed = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+    try:
+        if shutil.which("pg_lsclusters"):
+            env = _cluster_env(path)
+            cluster = _throwaway_cluster(env)
+            if cluster is not None:
+                _run(["pg_dropcluster", str(cluster["version"]), CLUSTER_NAME], env)
+        shutil.rmtree(path)
+    except (_StartFailed, OSError, ValueError) as exc:
+        raise ServerUnavailable(f"could not delete the throwaway servers in {path}: {exc}") from exc
+    return freed
+
+
 # --------------------------------------------------------------------------------------------
 # Command line
 
@@ -555,11 +591,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="database to create and name in DATABASE_URL "
         "(default: the one in DATABASE_URL, else jobq)",
     )
-    sub.add_parser("stop", help="stop the throwaway servers of the state dir")
+    sub.add_parser("stop", help="stop the throwaway servers of the state dir (data kept)")
+    sub.add_parser("discard", help="stop them and delete the state dir with their data")
     args = parser.parse_args(argv)
     try:
         if args.command == "env":
             print("\n".join(_env_lines(args.database, args.state_dir)), flush=True)
+        elif args.command == "discard":
+            freed = discard_throwaway(args.state_dir)
+            _progress(f"deleted the throwaway servers' data: {freed / 2**20:.0f} MiB freed")
         else:
             stopped = stop_throwaway(args.state_dir)
             _progress(

@@ -204,7 +204,9 @@ def test_a_failing_cluster_tool_is_reported_with_its_output(stubs: Stubs, isolat
     assert "exited 1: Error: cluster configuration already exists" in str(raised.value)
 
 
-def test_a_real_throwaway_cluster_starts_answers_and_stops(private_cluster: Path) -> None:
+def test_a_real_throwaway_cluster_starts_answers_stops_and_is_discarded(
+    private_cluster: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     base = ensure_postgres(private_cluster)
     url = ensure_database(base, "jobq")
 
@@ -220,8 +222,17 @@ def test_a_real_throwaway_cluster_starts_answers_and_stops(private_cluster: Path
 
     assert servers._run_async(settings) == ("off", "UTF8")
     assert ensure_postgres(private_cluster) == base  # found again, not created twice
+    # Where no server of the machine's own held the default port, the throwaway took it: the
+    # next start finds it by probing that port, and must not call it the machine's server.
+    monkeypatch.setattr(servers, "DEFAULT_PG_PORT", urlsplit(base).port)
+    capsys.readouterr()
+    assert ensure_postgres(private_cluster) == base
+    assert "using jobq's throwaway server on" in capsys.readouterr().err
     assert servers.stop_throwaway(private_cluster) == ["postgres"]
     assert servers._pg_probe(base) is not None  # stopped
+    assert private_cluster.is_dir()  # data kept for a quick start
+    assert servers.discard_throwaway(private_cluster) > 10 * 2**20
+    assert not private_cluster.exists()
 
 
 def test_ensure_database_creates_once(postgres_base: str) -> None:
