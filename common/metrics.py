@@ -11,6 +11,12 @@ OTHER = "other"
 _NAME = re.compile(NAME_PATTERN)
 
 
+def nameable(value: str) -> bool:
+    """Whether `value` may be a label value of its own: it matches the queue/task-type name
+    pattern (anything else is reported as "other")."""
+    return _NAME.match(value) is not None
+
+
 class BoundedLabel:
     """Map the label values of a counter or histogram onto a bounded set; the rest become
     "other".
@@ -42,7 +48,7 @@ class BoundedLabel:
         """Return `value` itself when it has a label or there is room for it, else "other"."""
         if value in self._seen or value in self._admitted or value in self._kept:
             return value
-        if not _NAME.match(value) or len(self._seen) >= self._limit:
+        if not nameable(value) or len(self._seen) >= self._limit:
             return OTHER
         self._seen.add(value)
         return value
@@ -53,7 +59,7 @@ class BoundedLabel:
         for value in values:
             if len(self._admitted) >= self._reserve:
                 return
-            if value not in self._seen and value not in self._kept and _NAME.match(value):
+            if value not in self._seen and value not in self._kept and nameable(value):
                 self._admitted.add(value)
 
     def keep(self, values: Iterable[str]) -> None:

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import math
-import re
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from common.contracts import NAME_PATTERN, JobStatus
-from common.metrics import OTHER, BoundedLabel
+from common.contracts import JobStatus
+from common.metrics import OTHER, BoundedLabel, nameable
 from services.queue.readings import DEPTH_STATUSES, LIVE_STATUSES, DatabaseHealth, DepthRow
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _END_TO_END_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100)
-_NAME = re.compile(NAME_PATTERN)
 
 
 class QueueMetrics:
@@ -181,7 +179,7 @@ class QueueMetrics:
             dead = by_status.get(JobStatus.DEAD_LETTER, 0)
             return (-live, -dead, queue not in self._depth_queues, queue)
 
-        candidates = [q for q in counts if q != OTHER and _NAME.match(q)]
+        candidates = [q for q in counts if q != OTHER and nameable(q)]
         own = sorted(candidates, key=rank)[: self._label_limit]
         folded = counts.keys() - set(own)
         for queue in own:
