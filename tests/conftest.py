@@ -211,7 +211,8 @@ async def guarded_services(
     **producer_settings: Any,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
     """A queue service requiring `INTERNAL_TOKEN` and a producer with the API `keys` in front
-    of it (sending `producer_token`, within `limits`, counting rate limits in `store_url`
+    of it (sending `producer_token`, within `limits` (default: its settings' own), counting
+    rate limits in `store_url`
     (default `redis_url`), with `producer_settings`), both served over real HTTP; yields
     (producer, queue) clients."""
     from pydantic import SecretStr
@@ -234,5 +235,6 @@ async def guarded_services(
             redis_url=redis_url if store_url is None else store_url,
             **producer_settings,
         )
-        async with serving(create_producer(settings), limits) as producer:
+        producer_limits = limits or settings.server_limits()
+        async with serving(create_producer(settings), producer_limits) as producer:
             yield producer, queue

@@ -50,6 +50,13 @@ class ServerLimits:
 
     `max_connections` is uvicorn's `limit_concurrency`: with that many connections open (or
     requests running), further requests are answered 503.
+
+    `trusted_proxies` (IP addresses or CIDR networks, as `ipaddress` writes them) are the
+    reverse proxies whose `X-Forwarded-For` and `X-Forwarded-Proto` name the client and the
+    scheme (uvicorn's `forwarded_allow_ips`; of a chain of proxies, the client is the
+    right-most address that is not a trusted proxy). Empty, the default: those headers are
+    ignored and a request's client is the connection's peer, so no client chooses the address
+    it is known by (uvicorn's own default would trust them from 127.0.0.1).
     """
 
     max_connections: int = 2048
@@ -57,6 +64,7 @@ class ServerLimits:
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     max_header_bytes: int = 64 * 1024
+    trusted_proxies: tuple[str, ...] = ()
 
 
 def _raw_response(status: int, reason: bytes, slug: str, detail: str) -> bytes:
@@ -238,8 +246,9 @@ class _Server(uvicorn.Server):
 
 
 def server_config(app: Any, host: str, port: int, limits: ServerLimits, **extra: Any) -> Any:
-    """A `uvicorn.Config` serving `app` on `host:port` within `limits` (no access log, no
-    logging configuration of its own); `extra` passes further uvicorn options."""
+    """A `uvicorn.Config` serving `app` on `host:port` within `limits`, believing forwarding
+    headers only from `limits.trusted_proxies` (no access log, no logging configuration of its
+    own); `extra` passes further uvicorn options."""
     return uvicorn.Config(
         app,
         host=host,
@@ -247,6 +256,10 @@ def server_config(app: Any, host: str, port: int, limits: ServerLimits, **extra:
         http=limited_protocol(limits),
         limit_concurrency=limits.max_connections,
         timeout_keep_alive=max(1, round(limits.keep_alive_timeout)),
+        # Explicit, so neither uvicorn's default (127.0.0.1) nor its FORWARDED_ALLOW_IPS
+        # variable decides whom the forwarding headers are believed from.
+        proxy_headers=bool(limits.trusted_proxies),
+        forwarded_allow_ips=list(limits.trusted_proxies),
         # No route takes a WebSocket: an upgrade request is plain HTTP here.
         ws="none",
         log_config=None,

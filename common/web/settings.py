@@ -8,6 +8,7 @@ time. Bad values fail at start with pydantic's message naming the variable.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 import sys
@@ -117,6 +118,31 @@ def split_commas(value: object) -> object:
 CommaList = Annotated[list[str], NoDecode, BeforeValidator(split_commas)]
 """A list setting written comma-separated (`WORKER_QUEUES=default,email`)."""
 
+
+def parse_networks(value: object) -> object:
+    """`10.0.0.0/8, 192.168.1.7, ::1` → [IPv4Network('10.0.0.0/8'), IPv4Network('192.168.1.7/32'),
+    IPv6Network('::1/128')]: IP addresses or CIDR networks, comma-separated.
+
+    Raises ValueError naming the entry for anything else, including a network with host bits
+    set (`10.0.0.1/8`: say `10.0.0.0/8`) and `*` (trusting everyone is never meant).
+    """
+    entries = split_commas(value)
+    if not isinstance(entries, list):
+        return entries
+    networks = []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry))
+        except ValueError as exc:
+            raise ValueError(f"{entry!r}: {exc}; use IP addresses or CIDR networks") from None
+    return networks
+
+
+Networks = Annotated[
+    list[ipaddress.IPv4Network | ipaddress.IPv6Network], NoDecode, BeforeValidator(parse_networks)
+]
+"""IP addresses and CIDR networks, comma-separated (see `parse_networks`)."""
+
 Port = Annotated[int, Field(ge=0, le=65535)]
 
 Token = Annotated[SecretStr, Field(min_length=16)]
@@ -134,14 +160,16 @@ class BaseServiceSettings(BaseSettings):
 
 class HttpServiceSettings(BaseServiceSettings):
     """Settings of the HTTP services (producer, queue service): connection, time and size
-    limits of their HTTP server (docs/architecture.md#connection-limits), and the switch that
-    lets them run open on a non-loopback address (docs/architecture.md#access)."""
+    limits of their HTTP server (docs/architecture.md#connection-limits), the reverse proxies
+    whose forwarding headers it believes (docs/architecture.md#client-addresses), and the
+    switch that lets them run open on a non-loopback address (docs/architecture.md#access)."""
 
     http_max_connections: int = Field(default=2048, ge=1, le=1_000_000)
     http_keep_alive_timeout: Duration = 5.0
     http_header_timeout: Duration = 10.0
     http_body_timeout: Duration = 30.0
     http_max_header_bytes: Size = Field(default=64 * 1024, ge=1024)
+    http_trusted_proxies: Networks = []
     jobq_insecure_open_access: bool = False
 
     @field_validator("http_keep_alive_timeout", "http_header_timeout", "http_body_timeout")
@@ -170,6 +198,7 @@ class HttpServiceSettings(BaseServiceSettings):
             header_timeout=self.http_header_timeout,
             body_timeout=self.http_body_timeout,
             max_header_bytes=self.http_max_header_bytes,
+            trusted_proxies=tuple(str(network) for network in self.http_trusted_proxies),
         )
 
 

@@ -132,8 +132,8 @@ class FallbackStore(Store):
 def rate_key(connection: ASGIConnection[Any, Any, Any, Any], keys: ApiKeys) -> tuple[str, str]:
     """(identifier, metric label) a request is counted under: its key's tenant
     (`tenant:acme`), or its client address when it brings no known key (`client:10.0.0.7`,
-    label `anonymous`). Behind a reverse proxy every anonymous client shares the proxy's
-    address."""
+    label `anonymous`): the connection's peer, or the client a proxy of `HTTP_TRUSTED_PROXIES`
+    names (docs/architecture.md#client-addresses)."""
     token = bearer_token(connection)
     caller = keys.resolve(token) if token is not None else None
     if caller is not None:

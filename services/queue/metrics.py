@@ -7,8 +7,8 @@ import math
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from common.contracts import JobStatus
-from common.metrics import BoundedLabel
-from services.queue.readings import DatabaseHealth, DepthRow
+from common.metrics import OTHER, BoundedLabel, nameable
+from services.queue.readings import DEPTH_STATUSES, LIVE_STATUSES, DatabaseHealth, DepthRow
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _END_TO_END_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -21,10 +21,17 @@ class QueueMetrics:
     def __init__(
         self, registry: CollectorRegistry, label_limit: int = 100, depth_cache: bool = True
     ) -> None:
-        """`depth_cache` says whether a Redis depth cache is configured; without one the
+        """`label_limit` bounds each label's values (docs/architecture.md#metrics): the depth
+        gauges give that many queues series of their own, ranked afresh at each refresh; the
+        counters' queue label takes that many first come plus as many more admitted from the
+        depth ranking, and their task type and tenant labels that many first come.
+        `depth_cache` says whether a Redis depth cache is configured; without one the
         cache-write gauge is not exported, so its staleness alert cannot fire."""
         self.registry = registry
-        self.queue_label = BoundedLabel(label_limit)
+        self._label_limit = label_limit
+        self._depth_queues: set[str] = set()
+        """Queue labels of the depth series exported now ("other" included)."""
+        self.queue_label = BoundedLabel(label_limit, reserve=label_limit)
         self.task_label = BoundedLabel(label_limit)
         self.tenant_label = BoundedLabel(label_limit)
         self.jobs = Gauge(
@@ -145,18 +152,51 @@ class QueueMetrics:
         self.last_vacuum_age.labels("job").set(math.nan if age is None else age)
 
     def observe_depth(self, rows: list[DepthRow]) -> None:
-        """Publish a fresh depth snapshot; queues that emptied report 0, not a stale value."""
-        seen: set[tuple[str, str]] = set()
+        """Publish a fresh depth snapshot in `jobq_jobs` and `jobq_oldest_pending_age_seconds`.
+
+        The `label_limit` queues with the most live jobs (SCHEDULED, PENDING, PROCESSING; ties
+        broken by dead letters, then in favour of queues that had series already, then by
+        name) get series of their own, one per depth status (0 where it has none); every
+        other queue is summed into `queue="other"`, per status, its age the oldest of theirs.
+        A queue that empties keeps its series at 0 while it still ranks; a queue pushed out of
+        the ranking loses its series (removed, never left stale) and counts in "other" from
+        then on. A queue literally named "other", or not matching the name pattern, is always
+        summed into "other". The ranked queues are admitted to the counters' queue label.
+        """
+        counts: dict[str, dict[JobStatus, int]] = {}
         oldest: dict[str, float] = {}
         for row in rows:
-            queue = self.queue_label(row.queue)
-            self.jobs.labels(queue, row.status.value).set(row.count)
-            seen.add((queue, row.status.value))
+            by_status = counts.setdefault(row.queue, {})
+            by_status[row.status] = by_status.get(row.status, 0) + row.count
             if row.status is JobStatus.PENDING:
-                oldest[queue] = max(oldest.get(queue, 0.0), row.oldest_age_seconds)
-        for sample in [s for metric in self.jobs.collect() for s in metric.samples]:
-            key = (sample.labels["queue"], sample.labels["status"])
-            if key not in seen:
-                self.jobs.labels(*key).set(0)
-        for queue in {q for q, _ in seen} | set(oldest):
+                oldest[row.queue] = max(oldest.get(row.queue, 0.0), row.oldest_age_seconds)
+        for queue in self._depth_queues - {OTHER}:
+            counts.setdefault(queue, {})
+
+        def rank(queue: str) -> tuple[int, int, bool, str]:
+            by_status = counts[queue]
+            live = sum(by_status.get(status, 0) for status in LIVE_STATUSES)
+            dead = by_status.get(JobStatus.DEAD_LETTER, 0)
+            return (-live, -dead, queue not in self._depth_queues, queue)
+
+        candidates = [q for q in counts if q != OTHER and nameable(q)]
+        own = sorted(candidates, key=rank)[: self._label_limit]
+        folded = counts.keys() - set(own)
+        for queue in own:
+            for status in DEPTH_STATUSES:
+                self.jobs.labels(queue, status.value).set(counts[queue].get(status, 0))
             self.oldest_pending_age.labels(queue).set(oldest.get(queue, 0.0))
+        exported = set(own)
+        if folded or OTHER in self._depth_queues:
+            exported.add(OTHER)
+            for status in DEPTH_STATUSES:
+                total = sum(counts[queue].get(status, 0) for queue in folded)
+                self.jobs.labels(OTHER, status.value).set(total)
+            age = max((oldest.get(queue, 0.0) for queue in folded), default=0.0)
+            self.oldest_pending_age.labels(OTHER).set(age)
+        for queue in self._depth_queues - exported:
+            for status in DEPTH_STATUSES:
+                self.jobs.remove(queue, status.value)
+            self.oldest_pending_age.remove(queue)
+        self._depth_queues = exported
+        self.queue_label.admit(own)

@@ -26,6 +26,13 @@ class DatabaseHealth:
     last_vacuum_age_seconds: float | None
 
 
+LIVE_STATUSES = (JobStatus.SCHEDULED, JobStatus.PENDING, JobStatus.PROCESSING)
+"""The statuses of jobs still to run or running."""
+
+DEPTH_STATUSES = (*LIVE_STATUSES, JobStatus.DEAD_LETTER)
+"""The statuses `JobRepository.depth` counts."""
+
+
 @dataclass(frozen=True, slots=True)
 class DepthRow:
     """Count of jobs in one (queue, status), with the oldest PENDING job's age in seconds."""

@@ -54,6 +54,8 @@ async def run(settings: WorkerSettings) -> None:
                 port=settings.worker_metrics_port,
                 log_config=None,
                 access_log=False,
+                # Nothing here depends on who is asking: no forwarding headers believed.
+                proxy_headers=False,
                 lifespan="off",
             )
             server = EmbeddedServer(config)

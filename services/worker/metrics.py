@@ -12,8 +12,10 @@ _JOB_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 
 class WorkerMetrics:
     """Every worker metric, on `registry`."""
 
-    def __init__(self, registry: CollectorRegistry, slots: int, label_limit: int = 100) -> None:
-        self.task_label = BoundedLabel(label_limit)
+    def __init__(self, registry: CollectorRegistry, slots: int) -> None:
+        self.task_label = BoundedLabel(limit=0)
+        """Task types with a label of their own: those of the worker's processors (the `Worker`
+        keeps them); any other task type, which the worker dead-letters unrun, is "other"."""
         self.job_duration = Histogram(
             "jobq_worker_job_duration_seconds",
             "Processor run time by task type and outcome"

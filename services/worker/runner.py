@@ -128,6 +128,7 @@ class Worker:
         self._settler = Settler(client)
         self._registry = registry
         self._metrics = metrics
+        metrics.task_label.keep(registry.task_types())
         self._tasks: dict[asyncio.Task[None], Running] = {}
         self._busy = 0
         """Slots taken: jobs whose processor has not returned yet."""

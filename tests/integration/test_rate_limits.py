@@ -8,6 +8,7 @@ import logging
 import re
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -18,10 +19,15 @@ from tests.conftest import guarded_services
 
 @contextlib.asynccontextmanager
 async def limited_producer(
-    database_url: str, redis_url: str, store_url: str, keys: str
+    database_url: str, redis_url: str, store_url: str, keys: str, **settings: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
     async with guarded_services(
-        database_url, redis_url, keys, producer_rate_limit="3/minute", store_url=store_url
+        database_url,
+        redis_url,
+        keys,
+        producer_rate_limit="3/minute",
+        store_url=store_url,
+        **settings,
     ) as (producer, _):
         yield producer
 
@@ -77,3 +83,36 @@ async def test_without_redis_the_limit_holds_in_memory(
             ]
     assert statuses == [404, 404, 404, 429]
     assert any(r.event == "rate_limit_store_unavailable" for r in caplog.records)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("trusted", "forwarded_identity"),
+    [("", False), ("127.0.0.1", True), ("10.0.0.0/8, 127.0.0.0/8", True)],
+)
+async def test_forwarded_for_names_the_client_only_from_a_trusted_proxy(
+    clean_database: str, redis_url: str, trusted: str, forwarded_identity: bool
+) -> None:
+    """An anonymous client's window is its address: `X-Forwarded-For` names it only when the
+    connection comes from an `HTTP_TRUSTED_PROXIES` address (by default none, so a client
+    cannot choose its own window). Counted in memory: a fresh window per test."""
+    _, _, keys = tenants()
+    async with limited_producer(
+        clean_database, redis_url, "", keys, http_trusted_proxies=trusted
+    ) as producer:
+        path = "/jobs/" + str(uuid.uuid4())
+        first = [
+            (await producer.get(path, headers={"X-Forwarded-For": "1.2.3.4"})).status_code
+            for _ in range(3)
+        ]
+        assert first == [401, 401, 401]
+        other_client = await producer.get(path, headers={"X-Forwarded-For": "5.6.7.8"})
+        no_header = await producer.get(path)
+        same_client = await producer.get(path, headers={"X-Forwarded-For": "9.9.9.9, 1.2.3.4"})
+    if forwarded_identity:
+        # 1.2.3.4's window is spent; 5.6.7.8 and the proxy itself have their own.
+        assert (other_client.status_code, no_header.status_code) == (401, 401)
+        assert same_client.status_code == 429
+    else:
+        # Every request was 127.0.0.1's, whatever it claimed.
+        assert (other_client.status_code, no_header.status_code) == (429, 429)
+        assert same_client.status_code == 429

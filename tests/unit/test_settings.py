@@ -113,6 +113,7 @@ def test_security_settings_from_the_environment(
     monkeypatch.setenv("HTTP_HEADER_TIMEOUT", "2s")
     monkeypatch.setenv("HTTP_MAX_HEADER_BYTES", "16KiB")
     monkeypatch.setenv("HTTP_MAX_CONNECTIONS", "100")
+    monkeypatch.setenv("HTTP_TRUSTED_PROXIES", "10.0.0.0/8, 192.168.1.7,::1")
     monkeypatch.setenv("JOBQ_INSECURE_OPEN_ACCESS", "1")
 
     settings = ProducerSettings()
@@ -129,8 +130,12 @@ def test_security_settings_from_the_environment(
         16384,
         100,
     )
+    assert limits.trusted_proxies == ("10.0.0.0/8", "192.168.1.7/32", "::1/128")
     assert settings.jobq_insecure_open_access is True
-    assert ProducerSettings(_env_file=None).http_body_timeout == 30.0  # type: ignore[call-arg]
+    default = ProducerSettings(_env_file=None)  # type: ignore[call-arg]
+    assert default.http_body_timeout == 30.0
+    monkeypatch.delenv("HTTP_TRUSTED_PROXIES")
+    assert ProducerSettings().server_limits().trusted_proxies == ()
 
 
 @pytest.mark.parametrize(
@@ -143,6 +148,9 @@ def test_security_settings_from_the_environment(
         ("SMTP_ALLOWED_RECIPIENT_DOMAINS", "a@b.example"),
         ("HTTP_HEADER_TIMEOUT", "0"),
         ("HTTP_MAX_HEADER_BYTES", "10"),
+        ("HTTP_TRUSTED_PROXIES", "10.0.0.1/8"),
+        ("HTTP_TRUSTED_PROXIES", "*"),
+        ("HTTP_TRUSTED_PROXIES", "proxy.internal"),
         ("JOBQ_API_KEYS_FILE", "/nonexistent/keys"),
         ("JOBQ_API_KEYS", "submit:*:submit-key-0123456789"),
     ],
