@@ -30,7 +30,7 @@ class Client:
     """Talk to a jobq producer: `Client("http://127.0.0.1:8080", api_key=…)`.
 
     Requests that fail to connect are retried by httpx's transport (`retries`); every method
-    raises the `common.errors` class the producer answered with (InvalidInput,
+    raises the `jobq.errors` class the producer answered with (InvalidInput,
     IdempotencyConflict, JobNotFound, Unauthorized, ServiceUnavailable, …). Timeouts are in
     seconds. Use it as a context manager, or call `close()`.
     """
