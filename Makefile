@@ -119,9 +119,13 @@ k6: install ## k6 load run on a fresh local stack: [SCRIPT=submit|mixed|burst] [
 	$(BIN)/python -m benchmark.load --script $(SCRIPT) --rate $(RATE) --duration $(DURATION) \
 		--workers $(WORKERS) $(if $(BASE_URL),--base-url $(BASE_URL))
 
+# `make dashboard-snapshot` writes here (git-ignored); SNAPSHOT=docs/dashboard.png refreshes the
+# README's picture.
+SNAPSHOT ?= .jobq/dashboard.png
+
 .PHONY: dashboard-snapshot
-dashboard-snapshot: install tools ## k6 + Prometheus on a fresh stack; draw the dashboard into docs/dashboard.png
-	$(BIN)/python -m benchmark.dashboard_snapshot
+dashboard-snapshot: install tools ## k6 + Prometheus on a fresh stack; draw the dashboard into .jobq/dashboard.png [SNAPSHOT=…]
+	$(BIN)/python -m benchmark.dashboard_snapshot --output $(SNAPSHOT)
 
 .PHONY: check
 check: lint typecheck boundaries infra-check ## lint + typecheck + boundaries + infra-check
