@@ -16,6 +16,10 @@ BASE_URL ?=
 # What `make run` exports to every process it starts (see README "Configuration").
 RUN_ENV := LOG_FORMAT=text SMTP_HOST=127.0.0.1 SMTP_PORT=2525 WORKER_METRICS_HOST=127.0.0.1 \
 	WEBHOOK_ALLOWED_HOSTS=localhost,127.0.0.1,::1 PATH="$(CURDIR)/$(BIN):$$PATH"
+# The env file honcho reads for `make run`; its values win over everything above. honcho's
+# default is `.env` in the checkout, so a stray one (say, written for compose) would silently
+# change what runs: none is read unless named (`make run RUN_ENV_FILE=local.env`).
+RUN_ENV_FILE ?= /dev/null
 
 .PHONY: help
 help: ## List every target
@@ -69,7 +73,7 @@ run: install ## Start PostgreSQL/Redis if needed, migrate, run queue, producer, 
 		eval "$$($(BIN)/python -m infra.devkeys)" && \
 		echo "jobq: producer http://127.0.0.1:8080  queue http://127.0.0.1:8081  workers' metrics :9101 :9102  (Ctrl-C stops)" && \
 		echo "jobq: try  curl -s -X POST localhost:8080/jobs -H 'Authorization: Bearer $$JOBQ_KEY' -H 'Content-Type: application/json' -d '{\"taskType\":\"email\",\"payload\":{\"to\":\"a@example.com\",\"subject\":\"hi\"}}'" && \
-		env $(RUN_ENV) $(BIN)/honcho --no-colour -d . -f infra/Procfile start; \
+		env $(RUN_ENV) $(BIN)/honcho --no-colour --env "$(RUN_ENV_FILE)" -d . -f infra/Procfile start; \
 		status=$$?; [ $$status -eq 0 ] || [ $$status -eq 130 ]  # 130: stopped with Ctrl-C
 
 .PHONY: test
@@ -119,9 +123,13 @@ k6: install ## k6 load run on a fresh local stack: [SCRIPT=submit|mixed|burst] [
 	$(BIN)/python -m benchmark.load --script $(SCRIPT) --rate $(RATE) --duration $(DURATION) \
 		--workers $(WORKERS) $(if $(BASE_URL),--base-url $(BASE_URL))
 
+# `make dashboard-snapshot` writes here (git-ignored); SNAPSHOT=docs/dashboard.png refreshes the
+# README's picture.
+SNAPSHOT ?= .jobq/dashboard.png
+
 .PHONY: dashboard-snapshot
-dashboard-snapshot: install tools ## k6 + Prometheus on a fresh stack; draw the dashboard into docs/dashboard.png
-	$(BIN)/python -m benchmark.dashboard_snapshot
+dashboard-snapshot: install tools ## k6 + Prometheus on a fresh stack; draw the dashboard into .jobq/dashboard.png [SNAPSHOT=…]
+	$(BIN)/python -m benchmark.dashboard_snapshot --output $(SNAPSHOT)
 
 .PHONY: check
 check: lint typecheck boundaries infra-check ## lint + typecheck + boundaries + infra-check

@@ -5,9 +5,12 @@ and Prometheus exactly as in the scrape test (`infra.observe`), drives it with k
 plus `infra.observe.exercise` (retries, dead letters, a lease expiry, a release, 4xx), then asks
 Prometheus for every panel's `query_range` over the run and draws the panels where the
 dashboard JSON places them (Grafana's 24-column grid), in Grafana's dark colours. No Grafana is
-involved: the picture shows the same queries over the same data.
+involved: the picture shows the same queries over the same data, stat values coloured by the
+dashboard's thresholds as Grafana colours them. The title names the load and the workers as
+they reported themselves to Prometheus (`jobq_worker_slots`), not as this file assumes.
 
-    python -m benchmark.dashboard_snapshot          # `make dashboard-snapshot` → docs/dashboard.png
+    python -m benchmark.dashboard_snapshot    # `make dashboard-snapshot` → .jobq/dashboard.png
+    python -m benchmark.dashboard_snapshot --output docs/dashboard.png    # the README's picture
 """
 
 from __future__ import annotations
@@ -28,14 +31,17 @@ from matplotlib.ticker import FuncFormatter
 
 from benchmark.database import migrated_database
 from benchmark.load import run_k6
-from infra.grafana.dashboard import DASHBOARD_JSON
+from infra.grafana.dashboard import DASHBOARD_JSON, threshold_colour
 from infra.observe import Observer, exercise, expand
 from infra.servers import ensure_postgres, ensure_redis
 from infra.stack import ROOT, LocalStack
 
-OUTPUT = ROOT / "docs" / "dashboard.png"
+OUTPUT = ROOT / ".jobq" / "dashboard.png"
+"""Git-ignored: a run does not rewrite the committed `docs/dashboard.png` unless asked to."""
 BACKGROUND, PANEL, TEXT, GRID = "#111217", "#181b1f", "#ccccdc", "#2c3235"
 COLOURS = ["#73bf69", "#f2cc0c", "#5794f2", "#ff9830", "#f2495c", "#b877d9", "#8ab8ff"]
+NAMED = {"green": "#73bf69", "yellow": "#fade2a", "orange": "#ff9830", "red": "#f2495c"}
+"""Grafana's dark-theme values of the colour names the thresholds use."""
 SETTINGS = {
     "QUEUE_RETRY_BASE_DELAY": "50ms",
     "QUEUE_RETRY_MAX_DELAY": "200ms",
@@ -85,7 +91,8 @@ def _draw_panel(
         ax.grid(False)
         latest = [float(values[-1][1]) for _, values in series if values]
         text = _scaled(latest[0], unit) if latest else "No data"
-        ax.text(0.5, 0.4, text, color=COLOURS[0], fontsize=18, ha="center", va="center")
+        colour = NAMED[threshold_colour(panel, latest[0])] if latest else TEXT
+        ax.text(0.5, 0.4, text, color=colour, fontsize=18, ha="center", va="center")
         return
     for index, (label, values) in enumerate(series):
         elapsed = [float(t) - origin for t, _ in values]
@@ -132,6 +139,22 @@ def render(
     figure.savefig(path, dpi=80, facecolor=BACKGROUND)
 
 
+def describe_workers(slots: list[int]) -> str:
+    """`2 workers of 32 slots` for the slot counts the replicas reported (`3 workers of
+    32+32+4 slots` when they differ)."""
+    if not slots:
+        return "no worker"
+    noun = "worker" if len(slots) == 1 else "workers"
+    each = str(slots[0]) if len(set(slots)) == 1 else "+".join(str(n) for n in sorted(slots))
+    return f"{len(slots)} {noun} of {each} slots"
+
+
+async def worker_slots(observer: Observer) -> list[int]:
+    """Slots of each worker replica Prometheus scraped (`jobq_worker_slots`, the replica's
+    WORKER_CONCURRENCY), sorted."""
+    return sorted(int(float(s["value"][1])) for s in await observer.query("jobq_worker_slots"))
+
+
 async def snapshot(rate: int, duration: str, path: Path) -> None:
     """Run the stack, the load and Prometheus; write the PNG to `path`."""
     database_url = await migrated_database(ensure_postgres(), "jobq_snapshot")
@@ -162,10 +185,11 @@ async def snapshot(rate: int, duration: str, path: Path) -> None:
                 for series in await observer.query_range(expr, started, ended, 2):
                     label = _legend(target.get("legendFormat", ""), series["metric"])
                     data.setdefault(panel["id"], []).append((label, series["values"]))
+        workers = describe_workers(await worker_slots(observer))
     finally:
         observer.stop()
         stack.stop()
-    title = f"jobq: k6 mixed.js at {rate}/s for {duration}, 2 workers of 4 slots, from Prometheus"
+    title = f"jobq: k6 mixed.js at {rate}/s for {duration}, {workers}, from Prometheus"
     render(model["panels"], data, started, path, title)
     print(f"wrote {path}", file=sys.stderr)
 
@@ -175,7 +199,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=int, default=40, help="k6 mixed.js iterations per second")
     parser.add_argument("--duration", default="40s", help="k6 duration (default 40s)")
-    parser.add_argument("--output", type=Path, default=OUTPUT)
+    parser.add_argument(
+        "--output", type=Path, default=OUTPUT, help=f"PNG to write (default {OUTPUT})"
+    )
     args = parser.parse_args()
     asyncio.run(snapshot(args.rate, args.duration, args.output))
     return 0

@@ -7,9 +7,10 @@ the rule files, the dashboard and the exporter queries that compose ships:
   the stack's database and Prometheus with the local rendering of the one configuration
   template (`infra.prometheus_config.local`, static targets, the committed alert rules), and
   answers PromQL over Prometheus's HTTP API.
-- `dashboard_queries()` reads the committed dashboard JSON; `expand()` fills in its template
-  variables the way Grafana would; `metric_names()` lists the metrics a PromQL expression
-  selects.
+- `dashboard_queries()` reads the committed dashboard JSON's panel targets and
+  `dashboard_variables()` its template variables (evaluated with `Observer.label_values`, as
+  Grafana asks Prometheus for them); `expand()` fills in the variables the way Grafana would;
+  `metric_names()` lists the metrics a PromQL expression selects.
 
 The binaries come from `infra.tools` (Debian's packages, fetched when missing).
 """
@@ -63,6 +64,35 @@ def dashboard_queries(path: Path = DASHBOARD_JSON) -> list[PanelQuery]:
             found.append(
                 PanelQuery(panel["title"], target["expr"], target.get("legendFormat", ""), unit)
             )
+    return found
+
+
+@dataclass(frozen=True)
+class VariableQuery:
+    """A template variable of the dashboard: its name and its query, Grafana's
+    `label_values(metric, label)` (the values of `label` over the series of `metric`)."""
+
+    name: str
+    metric: str
+    label: str
+
+
+_LABEL_VALUES = re.compile(r"label_values\(\s*([a-zA-Z_:][\w:]*)\s*,\s*([a-zA-Z_]\w*)\s*\)")
+
+
+def dashboard_variables(path: Path = DASHBOARD_JSON) -> list[VariableQuery]:
+    """Every template variable of the dashboard JSON at `path`, in order. ValueError for a
+    variable whose query is not `label_values(metric, label)` (the only form this reads)."""
+    found = []
+    for variable in json.loads(path.read_text())["templating"]["list"]:
+        query = variable["query"]
+        text = query if isinstance(query, str) else query.get("query", "")
+        match = _LABEL_VALUES.fullmatch(text.strip())
+        if match is None:
+            raise ValueError(
+                f"variable {variable['name']}: not label_values(metric, label): {text}"
+            )
+        found.append(VariableQuery(variable["name"], match.group(1), match.group(2)))
     return found
 
 
@@ -225,6 +255,14 @@ class Observer:
             return [{"metric": {}, "value": data["result"]}]
         result: list[dict[str, Any]] = data["result"]
         return result
+
+    async def label_values(self, variable: VariableQuery) -> list[str]:
+        """The values Grafana offers for `variable`: what its `label_values(metric, label)`
+        asks Prometheus (`/api/v1/label/<label>/values?match[]=<metric>`), sorted."""
+        values: list[str] = await self.api(
+            f"label/{variable.label}/values", **{"match[]": variable.metric}
+        )
+        return sorted(values)
 
     async def query_range(
         self, expr: str, start: float, end: float, step: float

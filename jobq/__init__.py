@@ -1,7 +1,7 @@
 """The jobq client library: everything an application needs, from one root.
 
 - `Client`: an httpx client for the producer API (submit, status, list, cancel, retry,
-  redrive), raising the same `common.errors` classes the services use.
+  redrive), raising the services' own error classes (`jobq.errors`).
 - `enqueue(connection, …)`: create a job through your own asyncpg or SQLAlchemy connection, in
   your own transaction, so it commits or rolls back with your writes (the transactional outbox
   without the outbox table).

@@ -39,7 +39,7 @@ class Client:
     is safe: reads, and submits whose every job carries an idempotency key (RFC 9110 §9.2.2:
     only idempotent requests may be retried automatically). Idle connections are given up
     after `common.contracts.CLIENT_IDLE_SECONDS`, before the producer closes them. Every method
-    raises the `common.errors` class the producer answered with (InvalidInput,
+    raises the `jobq.errors` class the producer answered with (InvalidInput,
     IdempotencyConflict, JobNotFound, Unauthorized, ServiceUnavailable, …). Timeouts are in
     seconds. Use it as a context manager, or call `close()`.
     """

@@ -8,20 +8,28 @@ postgres_exporter does (with `infra/postgres-exporter/queries.yml`), plus Promet
 `up`; the scrape test checks each one against a real Prometheus scraping a real stack.
 
 Template variables: `queue` and `task_type` (multi-select, All = `.*`) filter the jobq panels,
-`database` the PostgreSQL row. Rates use Grafana's `$__rate_interval`.
+`database` (postgres_exporter's `datname` label) the PostgreSQL row; each variable's own query
+is evaluated against the real Prometheus by the scrape test. Rates use Grafana's
+`$__rate_interval`. Every stat panel colours its value by thresholds (green is healthy, red is
+what an alert in `infra/prometheus/rules/jobq.yml` fires on; a unit test holds them equal).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard, prometheus, stat, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import (
     DataSourceRef,
+    FieldColorModeId,
+    Threshold,
+    ThresholdsMode,
     VariableOption,
     VariableRefresh,
     VariableSort,
@@ -90,8 +98,12 @@ def graph(
     )
 
 
-def single(title: str, unit: str, query: Query, description: str) -> stat.Panel:
-    """A single-value panel (latest value of `query`)."""
+def single(
+    title: str, unit: str, query: Query, description: str, steps: Mapping[float | None, str]
+) -> stat.Panel:
+    """A single-value panel (latest value of `query`), its value coloured by `steps`:
+    `{None: base colour, from value: colour, …}` in ascending order (Grafana's absolute
+    thresholds: a value takes the colour of the highest step it reaches)."""
     return (
         stat.Panel()
         .title(title)
@@ -101,15 +113,36 @@ def single(title: str, unit: str, query: Query, description: str) -> stat.Panel:
         .targets(_targets([query]))  # type: ignore[arg-type]
         .span(4)
         .height(4)
+        # The stat's own options stay Grafana's defaults (value coloured, last non-null value);
+        # setting one here would write all of them, with an empty list of reducers.
+        .color_scheme(dashboard.FieldColor().mode(FieldColorModeId.THRESHOLDS))
+        .thresholds(
+            dashboard.ThresholdsConfig()
+            .mode(ThresholdsMode.ABSOLUTE)
+            .steps([Threshold(value=value, color=colour) for value, colour in steps.items()])
+        )
     )
 
 
-def _variable(name: str, label: str, source: str) -> dashboard.QueryVariable:
-    """A multi-select variable over the values of label `name` in `source` (All = `.*`)."""
+def threshold_colour(panel: Mapping[str, Any], value: float) -> str:
+    """The colour name Grafana gives `value` in `panel` (dashboard JSON) by its absolute
+    thresholds: the last step whose value `value` reaches (the first step, value null, is the
+    base). KeyError when the panel has no thresholds."""
+    steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    colour: str = steps[0]["color"]
+    for step in steps[1:]:
+        if value >= step["value"]:
+            colour = step["color"]
+    return colour
+
+
+def _variable(name: str, label: str, source: str, label_name: str) -> dashboard.QueryVariable:
+    """A multi-select variable over the values of label `label_name` in the series of metric
+    `source` (All = `.*`)."""
     return (
         dashboard.QueryVariable(name)
         .label(label)
-        .query(f"label_values({source}, {name})")
+        .query(f"label_values({source}, {label_name})")
         .datasource(DATASOURCE)
         .multi(True)
         .include_all(True)
@@ -128,6 +161,8 @@ def _overview(board: dashboard.Dashboard) -> None:
             "short",
             Query(f'sum(max by (queue) (jobq_jobs{{status="DEAD_LETTER", {QUEUE}}}))', "dead"),
             "Jobs in the dead-letter queue (out of attempts or failed non-retryably).",
+            # Any dead letter is a job that will not run again until someone redrives it.
+            {None: "green", 1: "red"},
         )
     )
     board.with_panel(
@@ -136,6 +171,8 @@ def _overview(board: dashboard.Dashboard) -> None:
             "short",
             Query('sum(up{job="worker"})', "workers"),
             "Worker replicas answering scrapes.",
+            # No worker: nothing runs (JobqNoLiveWorker fires when jobs are pending too).
+            {None: "red", 1: "green"},
         )
     )
     board.with_panel(
@@ -144,6 +181,7 @@ def _overview(board: dashboard.Dashboard) -> None:
             "s",
             Query(f"max(jobq_oldest_pending_age_seconds{{{QUEUE}}})", "age"),
             "Age of the oldest PENDING job across the selected queues.",
+            {None: "green", 60: "orange", 300: "red"},  # red: JobqOldestPendingTooOld
         )
     )
     board.with_panel(
@@ -152,6 +190,7 @@ def _overview(board: dashboard.Dashboard) -> None:
             "s",
             Query("time() - max(jobq_depth_refresh_timestamp_seconds)", "age"),
             "Seconds since a queue-service replica last read depth from PostgreSQL.",
+            {None: "green", 10: "orange", 30: "red"},  # red: JobqDepthGaugesStale
         )
     )
     board.with_panel(
@@ -160,6 +199,7 @@ def _overview(board: dashboard.Dashboard) -> None:
             "s",
             Query("time() - max(jobq_depth_cache_write_timestamp_seconds)", "age"),
             "Seconds since the Redis depth cache was last written (exported with REDIS_URL).",
+            {None: "green", 10: "orange", 30: "red"},  # red: JobqDepthCacheStale
         )
     )
     board.with_panel(
@@ -173,6 +213,7 @@ def _overview(board: dashboard.Dashboard) -> None:
                 "5xx",
             ),
             "Share of producer responses that are server errors.",
+            {None: "green", 0.001: "orange", 0.01: "red"},  # red: JobqProducer5xx
         )
     )
 
@@ -440,9 +481,10 @@ def build() -> dashboard.Dashboard:
         .refresh("10s")
         .time("now-30m", "now")
         .timezone("browser")
-        .with_variable(_variable("queue", "Queue", "jobq_jobs"))
-        .with_variable(_variable("task_type", "Task type", "jobq_enqueued_total"))
-        .with_variable(_variable("database", "Database", "pg_database_size_bytes"))
+        .with_variable(_variable("queue", "Queue", "jobq_jobs", "queue"))
+        .with_variable(_variable("task_type", "Task type", "jobq_enqueued_total", "task_type"))
+        # postgres_exporter names the database `datname` (PostgreSQL's pg_database column).
+        .with_variable(_variable("database", "Database", "pg_database_size_bytes", "datname"))
     )
     for section in (_overview, _throughput, _latency, _workers, _postgres):
         section(board)

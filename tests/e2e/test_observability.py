@@ -4,7 +4,9 @@ and every alert rule is evaluated against what they export.
 The stack (queue, producer, two workers) runs as processes on loopback; Prometheus uses the
 local rendering of the one configuration template and the committed alert rules; the dashboard
 is the committed JSON Grafana provisions. `infra.observe.exercise` drives successes, retries,
-dead letters, 4xx, a lease expiry and a release before the checks run.
+dead letters, 4xx, a lease expiry and a release before the checks run. Template variables are
+not filled in by hand: each one's own query is asked of Prometheus as Grafana asks it, and the
+panels are expanded with what it offers.
 """
 
 from __future__ import annotations
@@ -15,21 +17,23 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from benchmark.dashboard_snapshot import describe_workers, worker_slots
 from infra import tools
 from infra.observe import (
     Observer,
     alert_rules,
     dashboard_queries,
+    dashboard_variables,
     exercise,
     expand,
     finite_samples,
     metric_names,
 )
 from infra.stack import LocalStack
+from services.worker.settings import DEFAULT_CONCURRENCY
 from tests.e2e.conftest import E2E_SETTINGS
 
-# Grafana's `All`; the rate window spans the whole test, so every rate sees the load.
-ALL = {"queue": ".*", "task_type": ".*"}
+# The rate window spans the whole test, so every rate sees the load.
 RATE_WINDOW = "2m"
 
 
@@ -62,8 +66,54 @@ async def observed(
         stack.stop()
 
 
-def _variables(database_url: str) -> dict[str, str]:
-    return {**ALL, "database": database_url.rsplit("/", 1)[1]}
+async def _offered(observed: Observer) -> dict[str, list[str]]:
+    """What each template variable's own query offers in its dropdown, polled until every one
+    offers something (a series appears a scrape after the load made it); fails after 60 s."""
+    variables = dashboard_variables()
+    deadline = time.monotonic() + 60
+    while True:
+        offered = {v.name: await observed.label_values(v) for v in variables}
+        if all(offered.values()):
+            return offered
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"variables offering only All: {[v for v in variables if not offered[v.name]]}"
+            )
+        await asyncio.sleep(0.5)
+
+
+async def _variables(observed: Observer, database_url: str) -> dict[str, str]:
+    """The selection a user makes: All (`.*`) for queue and task type, and the stack's own
+    database picked from what the `database` variable offers."""
+    database = database_url.rsplit("/", 1)[1]
+    offered = await _offered(observed)
+    assert database in offered["database"], offered["database"]
+    return {"queue": ".*", "task_type": ".*", "database": database}
+
+
+async def test_every_variable_offers_the_stacks_values(
+    observed: Observer, database_url: str
+) -> None:
+    """Each variable's query, evaluated as Grafana does, offers real values: the load's queue
+    and task types, and the stack's database (not just "All", as a label the exporter does
+    not export would)."""
+    offered = await _offered(observed)
+    assert set(offered) == {"queue", "task_type", "database"}
+    assert "default" in offered["queue"], offered
+    assert "noop" in offered["task_type"], offered
+    assert database_url.rsplit("/", 1)[1] in offered["database"], offered
+
+
+async def test_snapshot_names_the_workers_as_they_report_themselves(observed: Observer) -> None:
+    """`make dashboard-snapshot`'s title comes from the replicas' own `jobq_worker_slots`."""
+    deadline = time.monotonic() + 30
+    while True:
+        slots = await worker_slots(observed)
+        if len(slots) >= 2 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    assert slots == [DEFAULT_CONCURRENCY, DEFAULT_CONCURRENCY]
+    assert describe_workers(slots) == f"2 workers of {DEFAULT_CONCURRENCY} slots"
 
 
 async def test_every_target_is_scraped(observed: Observer) -> None:
@@ -84,9 +134,8 @@ async def _wait_for_every_panel(observed: Observer, database_url: str) -> None:
     """Poll until each panel target, expanded as Grafana would with All selected, returns at
     least one finite sample; fail with the stragglers after 90 s (a loaded machine scrapes
     late; rate panels need two scrapes)."""
-    queries = {
-        expand(q.expr, _variables(database_url), RATE_WINDOW): q for q in dashboard_queries()
-    }
+    variables = await _variables(observed, database_url)
+    queries = {expand(q.expr, variables, RATE_WINDOW): q for q in dashboard_queries()}
     assert len(queries) >= 30, "every panel target is read"
     waiting = dict(queries)
     deadline = time.monotonic() + 90

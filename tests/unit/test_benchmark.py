@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmark import report
+from benchmark.dashboard_snapshot import OUTPUT, describe_workers
 from benchmark.database import verify
 from benchmark.ingest import passes
 from benchmark.pgbench import script
@@ -64,3 +65,14 @@ def test_readme_table_is_replaced_between_markers(
     readme.write_text("no markers\n")
     with pytest.raises(RuntimeError):
         report.update_readme({}, tmp_path / "full-x.json")
+
+
+def test_snapshot_title_says_the_workers_that_ran() -> None:
+    assert describe_workers([32, 32]) == "2 workers of 32 slots"
+    assert describe_workers([4, 32, 32]) == "3 workers of 4+32+32 slots"
+    assert describe_workers([8]) == "1 worker of 8 slots"
+
+
+def test_snapshot_leaves_the_committed_picture_alone_by_default() -> None:
+    root = Path(__file__).resolve().parents[2]
+    assert OUTPUT.relative_to(root).parts[0] == ".jobq"  # git-ignored

@@ -1,7 +1,11 @@
-"""Deployment files run the same commands as `make run` and the tests."""
+"""Deployment files run the same commands as `make run` and the tests; `make run` reads no
+env file it is not given, and env files stay out of git."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -77,3 +81,51 @@ def test_compose_builds_the_runtime_image_and_the_sink_apart() -> None:
     }
     for target in set(targets.values()):
         assert f" AS {target}\n" in dockerfile, f"infra/Dockerfile has no stage {target}"
+
+
+def _make_run_honcho(*overrides: str) -> str:
+    """The shell command `make run` starts its processes with (`env … honcho … start`), as
+    `make -n` prints it with this interpreter's virtualenv."""
+    venv = Path(sys.executable).parent.parent
+    printed = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), "run", f"VENV={venv}", *overrides],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    [command] = re.findall(r"^\s*(env .*?/honcho .*? start);", printed, flags=re.M)
+    return command
+
+
+def _run_probe(command: str, app: Path) -> str:
+    """Run `command` in `app`, whose Procfile's one process prints what it was given."""
+    (app / "infra").mkdir(parents=True)
+    (app / "infra" / "Procfile").write_text(
+        'probe: echo "SMTP_PORT=$SMTP_PORT LOG_FORMAT=$LOG_FORMAT PROBE=${JOBQ_PROBE:-unset}"\n'
+    )
+    result = subprocess.run(
+        ["bash", "-c", command], cwd=app, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_make_run_reads_no_dotenv(tmp_path: Path) -> None:
+    """honcho reads `.env` by default and its values win over what `make run` sets; the
+    command `make run` uses reads no env file unless one is named."""
+    (tmp_path / ".env").write_text("SMTP_PORT=1\nLOG_FORMAT=json\nJOBQ_PROBE=dotenv\n")
+    output = _run_probe(_make_run_honcho(), tmp_path)
+    assert "SMTP_PORT=2525 LOG_FORMAT=text PROBE=unset" in output, output
+
+
+def test_make_run_reads_the_env_file_it_is_given(tmp_path: Path) -> None:
+    (tmp_path / "local.env").write_text("SMTP_PORT=2626\nJOBQ_PROBE=local\n")
+    output = _run_probe(_make_run_honcho("RUN_ENV_FILE=local.env"), tmp_path)
+    assert "SMTP_PORT=2626 LOG_FORMAT=text PROBE=local" in output, output
+
+
+def test_env_files_are_git_ignored_and_the_example_is_not() -> None:
+    ignored = subprocess.run(
+        ["git", "-C", str(ROOT), "check-ignore", "--no-index", ".env", "infra/.env",
+         "clients/python/.env", ".env.example"],
+        capture_output=True, text=True, check=False,
+    ).stdout.split()  # fmt: skip
+    assert ignored == [".env", "infra/.env", "clients/python/.env"]

@@ -6,12 +6,19 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from infra import prometheus_config
 from infra.grafana import dashboard
-from infra.observe import alert_rules, dashboard_queries, expand, metric_names
+from infra.observe import (
+    alert_rules,
+    dashboard_queries,
+    dashboard_variables,
+    expand,
+    metric_names,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
@@ -88,6 +95,73 @@ def test_panels_filter_by_the_template_variables() -> None:
             assert "$queue" in selector[1], query
         for selector in re.findall(r"pg_\w+\{([^}]*)\}", query.expr):
             assert "$database" in selector, query
+
+
+def test_each_variable_reads_the_label_its_panels_filter_on() -> None:
+    """A variable's values must come from the label the panels match it against (`datname` for
+    `$database`: postgres_exporter has no `database` label), on a metric carrying that label."""
+    variables = {v.name: v for v in dashboard_variables()}
+    assert set(variables) == {"queue", "task_type", "database"}
+    matched: dict[str, set[str]] = {}
+    for query in dashboard_queries():
+        for label, name in re.findall(r'(\w+)=~"\$(\w+)"', query.expr):
+            matched.setdefault(name, set()).add(label)
+    assert set(matched) == set(variables)
+    for name, variable in variables.items():
+        assert matched[name] == {variable.label}, name
+    assert variables["database"].label == "datname"
+
+
+def _stat_panels() -> dict[str, dict[str, Any]]:
+    model = json.loads(dashboard.DASHBOARD_JSON.read_text())
+    return {p["title"]: p for p in model["panels"] if p["type"] == "stat"}
+
+
+def test_every_stat_panel_colours_its_value_by_thresholds() -> None:
+    """Without thresholds Grafana draws every stat in its default green ("Live workers 0"
+    looked healthy): each has absolute steps, a base colour and ascending values, and says
+    both healthy (green) and broken (red)."""
+    panels = _stat_panels()
+    assert len(panels) == 6
+    for title, panel in panels.items():
+        defaults = panel["fieldConfig"]["defaults"]
+        assert defaults["color"] == {"mode": "thresholds"}, title
+        thresholds = defaults["thresholds"]
+        assert thresholds["mode"] == "absolute", title
+        steps = thresholds["steps"]
+        assert len(steps) >= 2 and steps[0]["value"] is None, title
+        values = [step["value"] for step in steps[1:]]
+        assert values == sorted(values) and len(set(values)) == len(values), title
+        colours = [step["color"] for step in steps]
+        assert {"green", "red"} <= set(colours) <= {"green", "orange", "red"}, title
+
+
+def test_stat_colours_read_as_an_operator_would() -> None:
+    panels = _stat_panels()
+    colour = dashboard.threshold_colour
+    assert colour(panels["Live workers"], 0) == "red"
+    assert colour(panels["Live workers"], 2) == "green"
+    assert colour(panels["Dead letters"], 0) == "green"
+    assert colour(panels["Dead letters"], 3) == "red"
+    assert colour(panels["Producer 5xx ratio"], 0) == "green"
+    assert colour(panels["Oldest pending"], 90) == "orange"
+
+
+def test_stat_panels_turn_red_where_their_alerts_fire() -> None:
+    """A stat that has an alert on the same quantity turns red at the alert's threshold."""
+    paired = {
+        "Oldest pending": "JobqOldestPendingTooOld",
+        "Depth data age": "JobqDepthGaugesStale",
+        "Depth cache age": "JobqDepthCacheStale",
+        "Producer 5xx ratio": "JobqProducer5xx",
+    }
+    rules = alert_rules()
+    for title, alert in paired.items():
+        match = re.search(r">\s*([0-9.]+)\s*$", rules[alert])
+        assert match, alert
+        steps = _stat_panels()[title]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        [red] = [step["value"] for step in steps if step["color"] == "red"]
+        assert red == float(match.group(1)), title
 
 
 def test_grafana_provisioning_matches_compose() -> None:

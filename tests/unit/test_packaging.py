@@ -5,11 +5,13 @@ The runtime lock (`requirements.lock`) is all the image installs; the developmen
 the build reads, so a test tool slipping into the image, an unhashed pin, a build context that
 carries the virtualenv, or a wheel that installs the development tooling fails here. The client
 distribution (clients/python) is built, installed into a fresh environment holding httpx and
-msgspec only, and imported there without a web framework or a driver.
+msgspec only, and imported there without a web framework or a driver, next to an application's
+own `common` package (the wheel installs the `jobq` namespace only).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import os
 import re
@@ -259,13 +261,31 @@ def _link_distributions(names: set[str], site: Path) -> None:
                 (site / top).symlink_to(base / top)
 
 
-def test_client_distribution_ships_jobq_and_the_pure_core_only(tmp_path: Path) -> None:
+def test_client_distribution_installs_only_the_jobq_namespace(tmp_path: Path) -> None:
+    """One top-level package, `jobq`: the pure core it needs is vendored under `jobq._core`
+    with its imports rewritten (clients/python/setup.py), so no built module imports `common`."""
     wheel = client_wheel(tmp_path)
     archive = zipfile.ZipFile(wheel)
     names = archive.namelist()
     top = {name.split("/")[0] for name in names if ".dist-info/" not in name}
-    assert top == {"jobq", "common"}
-    assert not any(name.startswith("common/web/") for name in names)
+    assert top == {"jobq"}
+    assert {"jobq/_core/contracts.py", "jobq/_core/errors.py", "jobq/_core/enqueue.py"} <= set(
+        names
+    )
+    assert not any(name.startswith(("common/", "jobq/_core/web/")) for name in names)
+    [top_level] = [n for n in names if n.endswith(".dist-info/top_level.txt")]
+    assert archive.read(top_level).decode().split() == ["jobq"]
+    for name in names:
+        if not name.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(archive.read(name), name)):
+            if isinstance(node, ast.ImportFrom):
+                imported = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            else:
+                continue
+            assert not any(m.split(".")[0] == "common" for m in imported), (name, node.lineno)
     [metadata] = [n for n in names if n.endswith(".dist-info/METADATA")]
     requires = [
         Requirement(line.split(":", 1)[1].strip())
@@ -276,6 +296,9 @@ def test_client_distribution_ships_jobq_and_the_pure_core_only(tmp_path: Path) -
 
 
 def test_client_distribution_imports_without_a_framework_or_driver(tmp_path: Path) -> None:
+    """Installed into a fresh environment and imported from an application directory that has
+    its own `common` package (first on `sys.path`, as a script's directory is): `jobq` loads
+    from the environment, leaves the application's `common` alone, and needs no framework."""
     wheel = client_wheel(tmp_path)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -288,11 +311,20 @@ def test_client_distribution_imports_without_a_framework_or_driver(tmp_path: Pat
          "--no-index", "--quiet", "--disable-pip-version-check", str(wheel)],
         check=True, capture_output=True,
     )  # fmt: skip
+    app = tmp_path / "app"
+    (app / "common").mkdir(parents=True)
+    (app / "common" / "__init__.py").write_text('"""The application\'s own."""\nOWNER = "app"\n')
     check = """
-import asyncio, importlib.util, sys
+import asyncio, importlib.metadata, importlib.util, sys
 import jobq
 from jobq import Client, JobContext, NonRetryable, ProcessorRegistry, Retry, enqueue
+from jobq.errors import InvalidInput, JobqError
 assert jobq.__file__.startswith(sys.prefix), jobq.__file__
+import common
+assert common.OWNER == "app", common.__file__
+assert [m for m in sys.modules if m == "common" or m.startswith("common.")] == ["common"]
+files = importlib.metadata.distribution("jobq").files
+assert {f.parts[0] for f in files if not f.parts[0].endswith(".dist-info")} == {"jobq"}, files
 for name in ("litestar", "uvicorn", "prometheus_client", "aiohttp", "sqlalchemy", "asyncpg",
              "pydantic", "services"):
     assert name not in sys.modules, name
@@ -307,15 +339,32 @@ except TypeError as exc:
     assert "asyncpg Connection" in str(exc)
 else:
     raise AssertionError("enqueue took an object that is no connection")
+assert issubclass(InvalidInput, JobqError) and JobqError.__module__ == "jobq._core.errors"
 Client("http://127.0.0.1:9").close()
 print("ok")
 """
+    # -E -s, not -I: the application's directory stays first on sys.path.
     result = subprocess.run(
-        [str(python), "-I", "-c", check],
-        capture_output=True, text=True, cwd=tmp_path, check=False,
+        [str(python), "-E", "-s", "-c", check],
+        capture_output=True, text=True, cwd=app, check=False,
         env={"PATH": os.environ.get("PATH", "")},
     )  # fmt: skip
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_client_errors_module_exports_every_error_class() -> None:
+    """`jobq.errors` is where an application imports what it catches (the client distribution
+    has no `common`): every `JobqError` class of `common.errors`, and nothing else."""
+    import common.errors
+    import jobq.errors
+
+    defined = {
+        name
+        for name, value in vars(common.errors).items()
+        if isinstance(value, type) and issubclass(value, common.errors.JobqError)
+    }
+    assert set(jobq.errors.__all__) == defined
+    assert all(getattr(jobq.errors, n) is getattr(common.errors, n) for n in defined)
 
 
 def test_pure_core_contract_lists_every_pure_module() -> None:
