@@ -38,6 +38,7 @@ from common.contracts import (
 from common.drivers import AsyncpgExecutor
 from common.enqueue import WAKEUP_CHANNEL, Existing, Inserted, JobRow
 from common.errors import ServiceUnavailable
+from common.logging import RepeatedEvents
 from common.web.pools import PoolMetrics
 from services.queue.readings import DatabaseHealth, DepthRow
 from services.queue.retry import BACKOFF_CEILING_SQL, Backoff
@@ -586,20 +587,33 @@ def _unavailable(exc: BaseException) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def _translated() -> AsyncIterator[None]:
-    """Turn "database unavailable" driver errors into `ServiceUnavailable` (HTTP 503)."""
+async def _translated(refusals: RepeatedEvents) -> AsyncIterator[None]:
+    """Turn "database unavailable" driver errors into `ServiceUnavailable` (HTTP 503),
+    logged through `refusals`."""
     try:
         yield
     except (asyncpg.PostgresError, *_BROKEN_CONNECTION, OSError, TimeoutError) as exc:
         if not _unavailable(exc):
             raise
-        raise _database_unavailable("database unavailable", exc) from exc
+        raise _database_unavailable(refusals, "database unavailable", exc) from exc
 
 
-def _database_unavailable(what: str, exc: BaseException) -> ServiceUnavailable:
-    """Log `what` happened (`exc`, the driver's error) and return the 503 to raise."""
-    logger.warning(
-        "%s: %s: %s", what, type(exc).__name__, exc, extra={"event": "database_unavailable"}
+def _database_unavailable(
+    refusals: RepeatedEvents, what: str, exc: BaseException
+) -> ServiceUnavailable:
+    """Log `what` happened (`exc`, the driver's error) through `refusals`, and return the 503
+    to raise. Every request refused during an outage would log a line: the first of each kind
+    is written, the rest folded (`common.logging.RepeatedEvents`)."""
+    kind = type(exc).__name__
+    refusals.log(
+        logger,
+        logging.WARNING,
+        f"{what}: {kind}",
+        "%s: %s: %s",
+        what,
+        kind,
+        exc,
+        extra={"event": "database_unavailable"},
     )
     return ServiceUnavailable("the database is unavailable; retry shortly")
 
@@ -709,10 +723,11 @@ class JobRepository:
         self._pool = pool
         self._acquire_timeout = acquire_timeout
         self._metrics = metrics
+        self._refusals = RepeatedEvents()
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
-        async with _translated():
+        async with _translated(self._refusals):
             try:
                 # asyncio.timeout rather than acquire(timeout=…), which starts a task per call.
                 async with asyncio.timeout(self._acquire_timeout):
@@ -723,7 +738,9 @@ class JobRepository:
             except asyncpg.PostgresError as exc:
                 # Refused while connecting, whatever the reason (connections not allowed,
                 # authentication, database missing): this replica cannot serve right now.
-                raise _database_unavailable("database refused a connection", exc) from exc
+                raise _database_unavailable(
+                    self._refusals, "database refused a connection", exc
+                ) from exc
             try:
                 yield conn
             except _BROKEN_CONNECTION:

@@ -39,7 +39,7 @@ from common.contracts import (
     JobStatus,
 )
 from common.errors import JobqError, ServiceUnavailable, StaleReceiptHandle
-from common.logging import RepeatedEvents
+from common.logging import FailureRun, RepeatedEvents
 from common.text import sanitize_result, sanitize_text
 from jobq.processors import JobContext, NonRetryable, ProcessorRegistry, Registration, Retry
 from services.worker.client import QueueClient, Settler
@@ -136,6 +136,7 @@ class Worker:
         self._backoff = 0.0
         self._connected = False
         self._repeats = RepeatedEvents()
+        self._claim_failures = FailureRun(logger, "claim")
 
     @property
     def _processing(self) -> list[Running]:
@@ -209,6 +210,7 @@ class Worker:
             return []
         Settler.answer_acks(carried, reply.acks)
         self._backoff, self._connected = 0.0, True
+        self._claim_failures.succeeded()
         return reply.jobs
 
     async def _claim_failed(self, exc: JobqError, shutdown: asyncio.Event) -> None:
@@ -216,12 +218,8 @@ class Worker:
         # Starting before the queue service is normal (compose, honcho): say so once, quietly;
         # failing after having worked, or for long, is worth a warning.
         if self._connected or self._backoff >= _CLAIM_BACKOFF_MAX:
-            logger.warning(
-                "claim failed (%s); retrying in %.1fs",
-                exc,
-                self._backoff,
-                extra={"event": "claim_failed"},
-            )
+            # An outage is its first failure, a line every 30 s and its recovery.
+            self._claim_failures.failed("claim failed (%s); retrying in %.1fs", exc, self._backoff)
         elif self._backoff == 0.2:
             logger.info(
                 "waiting for the queue service (%s)", exc, extra={"event": "waiting_for_queue"}

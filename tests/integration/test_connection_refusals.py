@@ -4,6 +4,8 @@ not allowed (55000), the database missing (3D000)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from common.errors import ServiceUnavailable
@@ -36,3 +38,19 @@ async def test_a_missing_database_is_unavailable(
             await JobRepository(pool).claim(["default"], "w", 1, 30)
     finally:
         await pool.close()
+
+
+async def test_refusals_during_an_outage_are_one_warning_not_one_per_request(
+    postgres_base: str, fresh_database_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = await create_pool(f"{postgres_base}/{fresh_database_name}_gone", size=2)
+    caplog.set_level(logging.WARNING, logger="services.queue.repository")
+    repository = JobRepository(pool)
+    try:
+        for _ in range(25):
+            with pytest.raises(ServiceUnavailable):
+                await repository.claim(["default"], "w", 1, 30)
+    finally:
+        await pool.close()
+    warnings = [r for r in caplog.records if getattr(r, "event", "") == "database_unavailable"]
+    assert len(warnings) == 1 and "does not exist" in warnings[0].getMessage()

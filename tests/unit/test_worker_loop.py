@@ -367,3 +367,22 @@ async def test_a_flood_of_dead_letters_of_one_task_type_is_one_error_line(
     await task
     errors = [r for r in caplog.records if getattr(r, "event", "") == "job_dead_letter"]
     assert [r.task_type for r in errors] == ["refuse", "refuse-too"]
+
+
+async def test_a_queue_service_outage_is_one_claim_warning_and_one_recovery(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    queue = FakeQueue()
+    first = queue.add("instant")
+    caplog.set_level(logging.INFO, logger="services.worker.runner")
+    _, shutdown, task = await _running(queue, {"instant": _instant})
+    await _until(lambda: queue.status(first) is JobStatus.COMPLETED)
+    queue.outage = 4  # the next four requests are refused: the claims
+    await _until(lambda: queue.outage == 0, within=15)
+    second = queue.add("instant")
+    await _until(lambda: queue.status(second) is JobStatus.COMPLETED, within=15)
+    shutdown.set()
+    await task
+    events = [getattr(r, "event", "") for r in caplog.records]
+    assert events.count("claim_failed") == 1
+    assert events.count("claim_recovered") == 1
