@@ -150,6 +150,12 @@ bench: install ## Whole benchmark suite with peers (~15 min): JSON+PNG in benchm
 bench-quick: install ## Benchmark suite at smoke-test size (no peers, one round; what CI runs), not committed
 	$(BIN)/python -m benchmark --preset quick
 
+BEFORE ?=
+.PHONY: bench-compare
+bench-compare: install ## Burn-down and submits of BEFORE=<rev> and this checkout, alternating rounds, side by side
+	@test -n "$(BEFORE)" || { echo "usage: make bench-compare BEFORE=<commit>"; exit 2; }
+	$(BIN)/python -m benchmark.compare --before $(BEFORE)
+
 .PHONY: clean
 clean: ## Remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

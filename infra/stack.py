@@ -41,8 +41,10 @@ class LocalStack:
     `logs/<name>.log`; mail the sink receives is appended to `logs/mailbox.jsonl`.
 
     `producer_enabled=False` and `smtp_enabled=False` leave those processes out (a benchmark
-    that drives the queue service alone); `start(workers=k)` starts only the first k replicas,
-    and `start_workers()` the rest later (ports for all `workers` are reserved up front).
+    that drives the queue service alone); `root` is the checkout whose code the processes run
+    (default this one; `benchmark.compare` runs an earlier revision's beside it);
+    `start(workers=k)` starts only the first k replicas, and `start_workers()` the rest later
+    (ports for all `workers` are reserved up front).
     """
 
     database_url: str
@@ -53,6 +55,7 @@ class LocalStack:
     grace: float = 15.0
     producer_enabled: bool = True
     smtp_enabled: bool = True
+    root: Path = ROOT
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)
 
@@ -103,7 +106,17 @@ class LocalStack:
         log = (self.logs / f"{name}.log").open("ab")
         self.stopped.discard(name)
         self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", *args],
+            cwd=self.root,
+            # This checkout's code first, whatever the caller's environment puts on the path.
+            env={
+                **env,
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(self.root), env.get("PYTHONPATH")])
+                ),
+            },
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
 
     def start_worker(self, index: int, **extra: str) -> str:

@@ -4,6 +4,7 @@ the pgbench script built from the repository's statements, the README table's ma
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +77,28 @@ def test_snapshot_title_says_the_workers_that_ran() -> None:
 def test_snapshot_leaves_the_committed_picture_alone_by_default() -> None:
     root = Path(__file__).resolve().parents[2]
     assert OUTPUT.relative_to(root).parts[0] == ".jobq"  # git-ignored
+
+
+def test_compare_reports_medians_and_after_to_before_ratios() -> None:
+    from benchmark.compare import _summary, _table
+
+    def side(jobs_per_s: float, cpu: float, p95: float) -> dict[str, Any]:
+        step = {"p50_ms": p95 / 2, "p95_ms": p95, "failed": 0, "dropped": 1,
+                "cpu_us_per_request": {"server_total": cpu * 2}}  # fmt: skip
+        return {
+            "burn": {"jobs_per_s": jobs_per_s, "cpu_us_per_job": {"total": cpu}},
+            "ingest": [step],
+        }
+
+    rounds = [
+        {"before": side(1000, 200, 20), "after": side(1100, 150, 10)},
+        {"before": side(3000, 100, 40), "after": side(900, 250, 30)},
+        {"before": side(2000, 300, 30), "after": side(1200, 100, 20)},
+    ]
+    summary = _summary(rounds, [800])
+    assert summary["before"]["burn_jobs_per_s"] == 2000
+    assert summary["after"]["burn_jobs_per_s"] == 1100
+    assert summary["ratio_after_to_before"]["burn_jobs_per_s"] == 0.55
+    assert summary["ratio_after_to_before"]["ingest_800_p95_ms"] == round(20 / 30, 3)
+    assert summary["before"]["ingest_800"]["dropped"] == 3
+    assert "| submits 800/s: p95 ms (failed+dropped) | 30 (3) | 20 (3) |" in _table(summary, [800])

@@ -1,0 +1,230 @@
+"""Before and after, side by side: `python -m benchmark.compare --before REV` (`make bench-compare
+BEFORE=REV`).
+
+Runs the services of an earlier revision (checked out with `git worktree` under
+`.jobq/compare/<rev>`) and of this checkout in alternating rounds on the same machine, so a
+change's effect on the hot paths is measured in one run rather than against figures taken on
+another day (the host's speed moves between runs; see benchmark/README.md). Per round and side:
+
+- a burn-down of `--jobs` pre-inserted `noop` jobs by the default shape (2 x 32), jobs/s and
+  CPU per job across every process (`benchmark.burndown.burn_once`);
+- open-loop single submits through the producer (k6) at each of `--rates`, p50/p95 and CPU
+  per request by process (`benchmark.ingest.run_step`).
+
+Prints progress, a table of medians and the ratio after/before, and writes the JSON to
+`benchmark/results/compare-<stamp>.json`. Both sides use this checkout's schema (the
+comparison is meaningless across a migration the earlier code does not know).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import subprocess
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import asyncpg
+
+from benchmark import burndown, ingest
+from benchmark.context import Context, stack_pids
+from benchmark.machine import load_average
+from benchmark.presets import DEFAULT_SHAPE
+from benchmark.progress import Progress
+from infra.servers import ensure_postgres, ensure_redis
+from infra.stack import ROOT, LocalStack
+
+RESULTS = ROOT / "benchmark" / "results"
+CHECKOUTS = ROOT / ".jobq" / "compare"
+
+
+def checkout(revision: str) -> Path:
+    """A work tree of `revision` under `.jobq/compare/` (made once, reused); its path."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
+        cwd=ROOT, check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    path = CHECKOUTS / commit[:12]
+    if not (path / "services").is_dir():
+        CHECKOUTS.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", "--force", str(path), commit],
+            cwd=ROOT, check=True, capture_output=True,
+        )  # fmt: skip
+    return path
+
+
+async def _burn(ctx: Context, side: str, root: Path, jobs: int) -> dict[str, Any]:
+    url = await ctx.database(f"compare_burn_{side}")
+    stack = LocalStack(
+        url, ctx.redis_url, ctx.logs / f"burn-{side}", workers=DEFAULT_SHAPE.replicas,
+        producer_enabled=False, smtp_enabled=False, root=root,
+    )  # fmt: skip
+    await stack.start(workers=0)
+    connection = await asyncpg.connect(url)
+    try:
+        return await burndown.burn_once(ctx, stack, connection, DEFAULT_SHAPE, jobs, 600)
+    finally:
+        await connection.close()
+        stack.stop()
+
+
+async def _ingest(
+    ctx: Context, side: str, root: Path, rates: list[int], seconds: int
+) -> list[dict[str, Any]]:
+    key = secrets.token_urlsafe(24)
+    url = await ctx.database(f"compare_ingest_{side}")
+    stack = LocalStack(
+        url, ctx.redis_url, ctx.logs / f"ingest-{side}", smtp_enabled=False, root=root,
+        environment={"JOBQ_API_KEYS": f"submit:{key}"},
+    )  # fmt: skip
+    await stack.start()
+    try:
+        target = ingest.Target(
+            "producer", f"{stack.producer}/jobs", key, stack_pids(stack, "producer", "queue"), url
+        )
+        await ingest.warm_up(target)
+        steps = []
+        for rate in rates:
+            await ingest.truncate(url, "job")
+            steps.append(await ingest.run_step(ctx, target, rate, seconds, ctx.logs))
+            await asyncio.sleep(1.0)
+        return steps
+    finally:
+        stack.stop()
+
+
+def _summary(rounds: list[dict[str, Any]], rates: list[int]) -> dict[str, Any]:
+    """Medians per side over the rounds, and after/before ratios."""
+    sides: dict[str, dict[str, Any]] = {}
+    for side in ("before", "after"):
+        burns = [r[side]["burn"] for r in rounds]
+        entry: dict[str, Any] = {
+            "burn_jobs_per_s": median(b["jobs_per_s"] for b in burns),
+            "burn_cpu_us_per_job": median(b["cpu_us_per_job"].get("total", 0) for b in burns),
+        }
+        for index, rate in enumerate(rates):
+            steps = [r[side]["ingest"][index] for r in rounds]
+            entry[f"ingest_{rate}"] = {
+                "p50_ms": median(s["p50_ms"] for s in steps),
+                "p95_ms": median(s["p95_ms"] for s in steps),
+                "failed": sum(s["failed"] for s in steps),
+                "dropped": sum(s["dropped"] for s in steps),
+                "server_cpu_us": median(
+                    s["cpu_us_per_request"].get("server_total", 0) for s in steps
+                ),
+            }
+        sides[side] = entry
+    before, after = sides["before"], sides["after"]
+    ratios = {
+        "burn_jobs_per_s": round(after["burn_jobs_per_s"] / before["burn_jobs_per_s"], 3),
+        "burn_cpu_us_per_job": round(
+            after["burn_cpu_us_per_job"] / max(before["burn_cpu_us_per_job"], 1e-9), 3
+        ),
+    }
+    for rate in rates:
+        for key in ("p95_ms", "server_cpu_us"):
+            b, a = before[f"ingest_{rate}"][key], after[f"ingest_{rate}"][key]
+            ratios[f"ingest_{rate}_{key}"] = round(a / b, 3) if b else None
+    return {**sides, "ratio_after_to_before": ratios}
+
+
+async def compare(
+    revision: str, rounds: int, jobs: int, rates: list[int], seconds: int
+) -> dict[str, Any]:
+    """Run the alternating rounds; the result document (see the module docstring)."""
+    roots = {"before": checkout(revision), "after": ROOT}
+    progress = Progress(total=rounds * 2)
+    logs = Path(tempfile.mkdtemp(prefix="jobq-compare-"))
+    ctx = Context(ensure_postgres(), ensure_redis().rstrip("/") + "/14", logs, progress)
+    started, load_start = datetime.now(UTC), load_average()
+    await ctx.setup()
+    results: list[dict[str, Any]] = []
+    try:
+        for round_ in range(rounds):
+            entry: dict[str, Any] = {}
+            # Alternate which side goes first, so a drift of the host favours neither.
+            order = ("before", "after") if round_ % 2 == 0 else ("after", "before")
+            for side in order:
+                progress.phase(f"round {round_ + 1}/{rounds}: {side}")
+                entry[side] = {
+                    "burn": await _burn(ctx, side, roots[side], jobs),
+                    "ingest": await _ingest(ctx, side, roots[side], rates, seconds),
+                }
+            results.append(entry)
+    finally:
+        await ctx.cleanup()
+    for entry in results:
+        for side in entry.values():
+            side["burn"].pop("usage", None)
+            for step in side["ingest"]:
+                step.pop("usage", None)
+    return {
+        "name": "compare",
+        "before": revision,
+        "before_commit": roots["before"].name,
+        "after": _head(),
+        "started": started.isoformat(timespec="seconds"),
+        "load_average": {"start": load_start, "end": load_average()},
+        "settings": {"rounds": rounds, "jobs": jobs, "rates": rates, "seconds": seconds},
+        "rounds": results,
+        "summary": _summary(results, rates),
+    }
+
+
+def _head() -> str:
+    head = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
+    )
+    return head.stdout.strip()
+
+
+def _table(summary: dict[str, Any], rates: list[int]) -> str:
+    before, after, ratio = summary["before"], summary["after"], summary["ratio_after_to_before"]
+    rows = [
+        "| figure | before | after | after/before |",
+        "|---|---|---|---|",
+        f"| burn-down 2 x 32, jobs/s | {before['burn_jobs_per_s']:,.0f} | "
+        f"{after['burn_jobs_per_s']:,.0f} | {ratio['burn_jobs_per_s']} |",
+        f"| CPU per job, µs (every process) | {before['burn_cpu_us_per_job']:,.0f} | "
+        f"{after['burn_cpu_us_per_job']:,.0f} | {ratio['burn_cpu_us_per_job']} |",
+    ]
+    for rate in rates:
+        b, a = before[f"ingest_{rate}"], after[f"ingest_{rate}"]
+        lost_b, lost_a = b["failed"] + b["dropped"], a["failed"] + a["dropped"]
+        rows.append(
+            f"| submits {rate}/s: p95 ms (failed+dropped) | {b['p95_ms']} ({lost_b}) | "
+            f"{a['p95_ms']} ({lost_a}) | {ratio[f'ingest_{rate}_p95_ms']} |"
+        )
+        rows.append(
+            f"| submits {rate}/s: server CPU µs per request | {b['server_cpu_us']} | "
+            f"{a['server_cpu_us']} | {ratio[f'ingest_{rate}_server_cpu_us']} |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point: runs the comparison, prints the table and the JSON's path."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, help="the earlier revision (a commit, tag…)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=20_000, help="burn-down backlog")
+    parser.add_argument("--rates", default="500,800", help="submits per second, comma-separated")
+    parser.add_argument("--seconds", type=int, default=10, help="per ingest step")
+    args = parser.parse_args(argv)
+    rates = [int(rate) for rate in args.rates.split(",")]
+    document = asyncio.run(compare(args.before, args.rounds, args.jobs, rates, args.seconds))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"compare-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    print(_table(document["summary"], rates))
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
