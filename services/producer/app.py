@@ -73,11 +73,12 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
                 if redis_client is not None:
                     await redis_client.aclose()
 
-    email_rate = settings.smtp_tenant_rate
+    email_rate, job_rate = settings.smtp_tenant_rate, settings.producer_rate_limit
     admission = Admission(
         payload_checks(settings.email_policy()),
         TenantWindow(store, email_rate, "email") if email_rate is not None else None,
         metrics,
+        TenantWindow(store, job_rate, "jobs") if job_rate is not None else None,
     )
 
     def provide_producer(request: Request[Any, Any, Any]) -> Producer:
