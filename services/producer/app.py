@@ -20,7 +20,7 @@ from common.web.app import (
     metrics_route,
     openapi_config,
     refine_struct_schemas,
-    require_json_body,
+    request_checks,
 )
 from common.web.http import QUEUE_SERVICE_CONNECTIONS, ServiceClient
 from common.web.http_metrics import HttpMetrics
@@ -91,7 +91,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         lifespan=[lifespan],
         dependencies={"producer": Provide(provide_producer, sync_to_thread=False)},
         exception_handlers=exception_handlers(),
-        before_request=require_json_body,
+        before_request=request_checks(),
         guards=[role_guard(keys)],
         middleware=middleware,
         stores={STORE_NAME: store},
