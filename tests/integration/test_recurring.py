@@ -118,11 +118,13 @@ async def test_after_downtime_only_the_latest_missed_bucket_fires(
 async def test_an_earlier_bucket_never_fires_after_a_later_one(
     engine: AsyncEngine, repository: JobRepository, clean_database: str
 ) -> None:
-    # A replica whose clock reading lags another's must not fire the older bucket.
+    # A replica whose clock reading lags another's must not fire the older bucket. Around the
+    # database's real clock: a stored bucket far ahead of it would be a clock stepped back.
     ahead, behind = replica(repository, clean_database), replica(repository, clean_database)
-    assert await ahead.fire(datetime(2026, 11, 29, 10, 10, 1, tzinfo=UTC)) == 1
-    assert await behind.fire(datetime(2026, 11, 29, 10, 9, 59, tzinfo=UTC)) == 0
-    assert await job_keys(engine) == ["nightly:2026-11-29T10:10:00+00:00"]
+    current = parse_schedules(SCHEDULES)[0].bucket(await repository.now())
+    assert await ahead.fire(current + timedelta(seconds=1)) == 1
+    assert await behind.fire(current - timedelta(seconds=1)) == 0
+    assert await job_keys(engine) == [f"nightly:{current.isoformat()}"]
 
 
 async def test_a_clock_stepped_back_resumes_firing_at_the_current_bucket_once(
