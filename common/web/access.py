@@ -89,9 +89,9 @@ def _parse_entry(entry: str, where: str) -> tuple[str, Caller]:
         tenant, key = DEFAULT_TENANT, rest
     elif not (tenant == ALL_TENANTS or _TENANT.fullmatch(tenant)):
         raise ValueError(
-            f"{where}: the tenant (the second field of {_FORMS}) must be a name matching "
-            f"{NAME_PATTERN} or *; a key holding ':' needs the three-field form, "
-            "role:default:<key> for the default tenant"
+            f"{where}: the tenant, the second of three fields, must be * or a name of "
+            "lowercase letters, digits and . _ - (64 at most); a key holding ':' needs all "
+            "three fields, role:default:<key> for the default tenant"
         )
     if tenant == ALL_TENANTS and role != Role.ADMIN:
         raise ValueError(f"{where}: only admin keys may have the tenant *")
@@ -118,21 +118,20 @@ def _entries(spec: str, source: str, lines: bool) -> list[tuple[str, str]]:
                 where = f"{source} line {number} entry {position}"
             else:
                 where = f"{source} line {number}"
+            where = where.lstrip()
             found.append((where, entry))
     return found
 
 
-def parse_api_keys(
-    spec: str, source: str = "JOBQ_API_KEYS", *, lines: bool = False
-) -> dict[str, Caller]:
+def parse_api_keys(spec: str, source: str = "", *, lines: bool = False) -> dict[str, Caller]:
     """Parse API key entries into {key: Caller}.
 
     `spec` holds entries separated by commas or newlines: `role:tenant:key` (tenant a name
     like a queue's, or `*` for an admin of every tenant; the key may hold colons) or the older
     `role:key` (tenant `default`; its key cannot hold a colon: write `role:default:<key>`).
-    Lines starting with `#` and empty entries are skipped. Errors name the entry by `source`
-    and its position (`JOBQ_API_KEYS entry 2`), or by line with `lines` (a keys file:
-    `JOBQ_API_KEYS_FILE /etc/jobq/keys line 3`).
+    Lines starting with `#` and empty entries are skipped. Errors name the entry by its
+    position (`entry 2`), or with `lines` (a keys file) by `source` and line
+    (`/etc/jobq/keys line 3`).
 
     Raises ValueError (naming no key) for an unknown role, a second field that is no tenant
     name, the tenant `*` on a submit key, a key shorter than 16 characters, or a key listed

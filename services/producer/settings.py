@@ -68,7 +68,7 @@ class ProducerSettings(HttpServiceSettings, EmailPolicySettings):
 
 
 def _file(path: Path | None) -> str:
-    return f"JOBQ_API_KEYS_FILE {path}"
+    return str(path)
 
 
 def _read_keys_file(path: Path) -> str:

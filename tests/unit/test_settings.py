@@ -163,13 +163,13 @@ def test_bad_security_settings_refuse_to_start(
     [
         # A second field that is no tenant name once made an admin of `default` whose key was
         # `ACME:<key>` (issue 16 item 14).
-        ("admin:ACME:acme-admin-key-0123456789", "JOBQ_API_KEYS entry 1"),
+        ("admin:ACME:acme-admin-key-0123456789", "JOBQ_API_KEYS: entry 1"),
         (
             "submit:acme:acme-key-0123456789ab, admin::root-key-0123456789ab",
-            "JOBQ_API_KEYS entry 2",
+            "JOBQ_API_KEYS: entry 2",
         ),
-        ("submit:acme:acme-key-0123456789ab\nsubmit:a b:x-key-0123456789ab", "entry 2"),
-        ("submit:Acme.Corp:acme-key-0123456789ab", "JOBQ_API_KEYS entry 1"),
+        ("submit:acme:acme-key-0123456789ab\nsubmit:a b:x-key-0123456789ab", "KEYS: entry 2"),
+        ("submit:Acme.Corp:acme-key-0123456789ab", "JOBQ_API_KEYS: entry 1"),
     ],
 )
 def test_an_entry_whose_tenant_is_no_name_refuses_to_start(
@@ -202,7 +202,7 @@ def test_a_keys_file_entry_whose_tenant_is_no_name_is_named_by_its_line(
     with pytest.raises(SystemExit):
         load_settings(ProducerSettings)
     printed = capsys.readouterr().err
-    assert f"JOBQ_API_KEYS_FILE {keys} line 4: the tenant" in printed, printed
+    assert f"JOBQ_API_KEYS_FILE: {keys} line 4: the tenant" in printed, printed
     assert "admin-key" not in printed
 
     # The legacy two-field form still means tenant `default`; a key with ':' takes three.
