@@ -6,10 +6,16 @@ queue service's internal API).
 Payload (a JSON object; other keys are refused):
 
     {"to": "a@example.com" | ["a@example.com", ...],   # required, 1..100 addresses
-     "subject": "Hello",                                 # required, one line
+     "subject": "Hello",                                 # required, one line, no controls
      "body": "text",                                     # optional, default ""
      "from": "alerts@acme.example",                      # optional, only an allowed sender
      "replyTo": "me@anywhere.example"}                   # optional, any address
+
+One function decides whether a payload can be sent, at submit and on the worker alike:
+`parse_email`, which also builds (and serialises) the message the worker would send, with the
+email library the worker sends it with (`build_message`). So any payload the worker would
+refuse is refused at submit too (a subject with U+2028, which the email library splits lines
+on, was accepted and then dead-lettered).
 
 The envelope sender (SMTP `MAIL FROM`) is always the operator's `SMTP_SENDER`, so bounces and
 SPF/DMARC alignment stay with the operator. A submitter chooses the `From` header only among
@@ -20,9 +26,15 @@ processor was an authenticated open relay: any key could send as any bank to any
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from email.errors import MessageError
+from email.generator import BytesGenerator
+from email.message import EmailMessage
+from email.policy import SMTP
+from email.utils import formatdate
 from typing import Any, Final
 
 from common.payloads import PayloadProblem
@@ -35,6 +47,12 @@ _ADDRESS: Final = re.compile(
     r"[^@\s<>()\[\]\\,;:\"\x00-\x1f\x7f]+@[^@\s<>()\[\]\\,;:\"\x00-\x1f\x7f]+"
 )
 _MAX_ADDRESS_LENGTH: Final = 254
+# What may not be in a one-line subject: every line boundary str.splitlines() knows (the email
+# library refuses a header holding any: LF, CR, VT, FF, FS, GS, RS, NEL, U+2028, U+2029), and
+# the other C0/C1 controls and DEL, which have no business in a subject either. Tab may stay.
+_NOT_IN_SUBJECT: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+_CHECK_SENDER: Final = "jobq-check@localhost"
+"""The `From` a payload without a chosen sender is checked with (the worker's is `SMTP_SENDER`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +122,13 @@ def parse_email(payload: Mapping[str, Any], policy: EmailPolicy) -> EmailRequest
     subject = payload.get("subject")
     if not isinstance(subject, str):
         raise PayloadProblem("/subject", "email payloads need `subject`, a string")
-    if "\r" in subject or "\n" in subject:
-        raise PayloadProblem("/subject", "the subject must be a single line")
+    bad = _NOT_IN_SUBJECT.search(subject)
+    if bad is not None:
+        raise PayloadProblem(
+            "/subject",
+            f"the subject must be a single line of text (U+{ord(bad.group()):04X} is a line "
+            "break or a control character)",
+        )
     body = payload.get("body")
     if body is None:
         body = ""
@@ -123,7 +146,41 @@ def parse_email(payload: Mapping[str, Any], policy: EmailPolicy) -> EmailRequest
     reply_to = payload.get("replyTo")
     if reply_to is not None:
         reply_to = _address(reply_to, "/replyTo")
-    return EmailRequest(_recipients(payload.get("to"), policy), subject, body, sender, reply_to)
+    request = EmailRequest(_recipients(payload.get("to"), policy), subject, body, sender, reply_to)
+    # What the worker will do with it, so nothing it would refuse is accepted here.
+    build_message(request, sender or _CHECK_SENDER, "<check@jobq>")
+    return request
+
+
+def build_message(request: EmailRequest, sender: str, message_id: str) -> EmailMessage:
+    """The plain-text message for `request` with `sender` as `From` and `message_id` as
+    `Message-ID`, serialised once as SMTP will send it (`email.policy.SMTP`, as aiosmtplib
+    flattens it) so that whatever the email library refuses is refused here. Raises
+    PayloadProblem pointing at the field it refused (`/subject`, `/body`, ...)."""
+    message = EmailMessage()
+    headers = [
+        ("From", sender, "/from"),
+        ("To", ", ".join(request.recipients), "/to"),
+        ("Subject", request.subject, "/subject"),
+        ("Date", formatdate(usegmt=True), ""),
+        ("Message-ID", message_id, ""),
+    ]
+    if request.reply_to is not None:
+        headers.append(("Reply-To", request.reply_to, "/replyTo"))
+    for name, value, pointer in headers:
+        try:
+            message[name] = value
+        except (MessageError, ValueError) as exc:
+            raise PayloadProblem(pointer, f"cannot be a {name} header: {exc}") from None
+    try:
+        message.set_content(request.body)
+    except (MessageError, ValueError) as exc:
+        raise PayloadProblem("/body", f"cannot be a message body: {exc}") from None
+    try:
+        BytesGenerator(io.BytesIO(), policy=SMTP).flatten(message)
+    except (MessageError, ValueError) as exc:  # UnicodeError is a ValueError
+        raise PayloadProblem("", f"cannot be sent as a message: {exc}") from None
+    return message
 
 
 def _recipients(value: object, policy: EmailPolicy) -> list[str]:

@@ -72,14 +72,27 @@ OPEN_ACCESS = Caller(Role.ADMIN, ALL_TENANTS)
 """The caller of every request when no key is configured (development only)."""
 
 
+_FORMS = "role:tenant:key (or role:key for tenant default)"
+
+
 def _parse_entry(entry: str, where: str) -> tuple[str, Caller]:
+    # The number of fields decides, never what they look like: two are the older `role:key`,
+    # three or more `role:tenant:key`, whose key may hold colons. A second field that is no
+    # tenant name is refused, not read as the head of an older key: `admin:ACME:<key>` once
+    # meant an admin of `default` with key `ACME:<key>`. Errors never quote the entry, whose
+    # fields may be parts of a key.
     role, _, rest = entry.partition(":")
     if role not in Role.__members__.values():
-        raise ValueError(f"{where}: expected role:tenant:key or role:key, role submit or admin")
+        raise ValueError(f"{where}: expected {_FORMS}, role submit or admin")
     tenant, sep, key = rest.partition(":")
-    if not sep or not (tenant == ALL_TENANTS or _TENANT.match(tenant)):
-        # `role:key`: the old form, whose key may itself contain a colon.
+    if not sep:
         tenant, key = DEFAULT_TENANT, rest
+    elif not (tenant == ALL_TENANTS or _TENANT.fullmatch(tenant)):
+        raise ValueError(
+            f"{where}: the tenant, the second of three fields, must be * or a name of "
+            "lowercase letters, digits and . _ - (64 at most); a key holding ':' needs all "
+            "three fields, role:default:<key> for the default tenant"
+        )
     if tenant == ALL_TENANTS and role != Role.ADMIN:
         raise ValueError(f"{where}: only admin keys may have the tenant *")
     if len(key) < 16 or any(c.isspace() for c in key):
@@ -87,24 +100,48 @@ def _parse_entry(entry: str, where: str) -> tuple[str, Caller]:
     return key, Caller(Role(role), tenant)
 
 
-def parse_api_keys(spec: str, source: str = "entry") -> dict[str, Caller]:
+def _entries(spec: str, source: str, lines: bool) -> list[tuple[str, str]]:
+    """(where, entry) of each entry of `spec`: by line number when `lines` (a keys file; and
+    by position within the line when it holds several, comma-separated), else by position."""
+    found: list[tuple[str, str]] = []
+    for number, line in enumerate(spec.splitlines(), 1):
+        if line.strip().startswith("#"):
+            continue
+        fields = line.split(",")
+        for position, field in enumerate(fields, 1):
+            entry = field.strip()
+            if not entry:
+                continue
+            if not lines:
+                where = f"{source} entry {len(found) + 1}"
+            elif len(fields) > 1:
+                where = f"{source} line {number} entry {position}"
+            else:
+                where = f"{source} line {number}"
+            where = where.lstrip()
+            found.append((where, entry))
+    return found
+
+
+def parse_api_keys(spec: str, source: str = "", *, lines: bool = False) -> dict[str, Caller]:
     """Parse API key entries into {key: Caller}.
 
     `spec` holds entries separated by commas or newlines: `role:tenant:key` (tenant a name
-    like a queue's, or `*` for an admin of every tenant) or the older `role:key` (tenant
-    `default`). In a keys file, blank lines and lines starting with `#` are skipped. `source`
-    names the entries in errors (`JOBQ_API_KEYS entry 2`).
+    like a queue's, or `*` for an admin of every tenant; the key may hold colons) or the older
+    `role:key` (tenant `default`; its key cannot hold a colon: write `role:default:<key>`).
+    Lines starting with `#` and empty entries are skipped. Errors name the entry by its
+    position (`entry 2`), or with `lines` (a keys file) by `source` and line
+    (`/etc/jobq/keys line 3`).
 
-    Raises ValueError (naming no key) for an unknown role, a bad tenant, a key shorter than 16
-    characters, or a key listed twice.
+    Raises ValueError (naming no key) for an unknown role, a second field that is no tenant
+    name, the tenant `*` on a submit key, a key shorter than 16 characters, or a key listed
+    twice.
     """
     keys: dict[str, Caller] = {}
-    lines = (line.strip() for line in spec.replace(",", "\n").splitlines())
-    entries = [line for line in lines if line and not line.startswith("#")]
-    for index, entry in enumerate(entries):
-        key, caller = _parse_entry(entry, f"{source} {index + 1}")
+    for where, entry in _entries(spec, source, lines):
+        key, caller = _parse_entry(entry, where)
         if key in keys:
-            raise ValueError(f"{source} {index + 1}: the same key is listed twice")
+            raise ValueError(f"{where}: the same key is listed twice")
         keys[key] = caller
     return keys
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
@@ -33,6 +33,7 @@ from common.errors import (
     RateLimited,
 )
 from common.validation import msgspec_problem
+from common.web.query_params import QueryParameterCheck
 
 logger = logging.getLogger(__name__)
 
@@ -248,6 +249,19 @@ async def require_json_body(request: Request[Any, Any, Any]) -> None:
     raise UnsupportedMediaType(
         f"send the body as application/json (got {media_type or 'no Content-Type'})"
     )
+
+
+def request_checks() -> Callable[[Request[Any, Any, Any]], Awaitable[None]]:
+    """The apps' `before_request` hook (after the guards, before the body is read): unknown
+    query parameters are refused (`common.web.query_params`, 422), then a body must be JSON
+    (`require_json_body`, 415)."""
+    query = QueryParameterCheck()
+
+    async def check(request: Request[Any, Any, Any]) -> None:
+        query(request)
+        await require_json_body(request)
+
+    return check
 
 
 class ProblemError(msgspec.Struct, kw_only=True):

@@ -10,7 +10,7 @@ from litestar import Request
 from litestar.params import QueryParameter
 
 from common.contracts import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, NAME_PATTERN, JobStatus
-from common.errors import InvalidInput
+from common.web.query_params import unknown_parameters_error
 
 StatusFilter = Annotated[JobStatus | None, QueryParameter(description="Only jobs in this state.")]
 QueueFilter = Annotated[
@@ -52,9 +52,4 @@ def refuse_unknown_parameters(
     such as `task_type` must not silently return an unfiltered list."""
     unknown = sorted(set(request.query_params) - known)
     if unknown:
-        raise InvalidInput(
-            f"unknown query parameter(s): {', '.join(unknown)}",
-            errors=[
-                {"pointer": f"query:{name}", "detail": "unknown parameter"} for name in unknown
-            ],
-        )
+        raise unknown_parameters_error(unknown)

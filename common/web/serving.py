@@ -22,7 +22,9 @@ missing to uvicorn's own httptools protocol, the way nginx's `client_header_time
   destroy the response before a client that sends its whole body first (most do) reads it, so
   the close lingers as nginx's `lingering_close` does, but briefly: the server ends its side
   (FIN after the response) and discards what still arrives, without parsing or keeping it,
-  until the declared body is in or `LINGER_SECONDS` have passed, then closes.
+  until the declared body is in or `LINGER_SECONDS` have passed, then closes. Such a response
+  says `Connection: close` (RFC 9112 §9.6), so a keep-alive client opens a new connection for
+  its next request instead of failing on this one.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 import msgspec
 import uvicorn
 from litestar import Litestar
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +167,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         declared = next((v for n, v in self.headers if n == b"content-length"), None)
         self._body_left = int(declared) if declared is not None and declared.isdigit() else None
         super().on_headers_complete()
+        if self.cycle is not None:
+            _announce_early_close(self.cycle)
         # Armed now, disarmed by on_message_complete (at once for a bodiless request).
         self._arm(self.limits.body_timeout, self._body_too_slow)
 
@@ -179,9 +183,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         cycle = self.cycle
-        if cycle is not None and cycle.more_body and not self.transport.is_closing():
-            # Answered before its body arrived: end the connection, lingering briefly so
-            # the answer is read before the close resets the connection.
+        announced = cycle is not None and getattr(cycle, _CLOSE_ANNOUNCED, False)
+        if announced and not self.transport.is_closing():
+            # Answered before its body arrived: end the connection, as the response said,
+            # lingering briefly so the answer is read before the close resets the connection.
             self._lingering = True
             self._arm(LINGER_SECONDS, self.transport.close)
             if self.transport.can_write_eof():
@@ -226,6 +231,32 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if response is not None:
             self.transport.write(response)
         self.transport.close()
+
+
+_CLOSE_ANNOUNCED = "jobq_close_announced"
+"""Set on a request cycle whose response said `Connection: close` for an unread body."""
+
+
+def _announce_early_close(cycle: RequestResponseCycle) -> None:
+    """Make `cycle`'s response say `Connection: close` when it starts before the request's
+    body arrived (the connection will close: `on_response_complete`). uvicorn closes at once
+    on that header, which would reset the connection over the unread body; its keep-alive
+    flag is put back, so the close stays the lingering one of this protocol."""
+    send = cycle.send
+
+    async def send_announcing_close(message: Any) -> None:
+        if message["type"] != "http.response.start" or not cycle.more_body:
+            await send(message)
+            return
+        headers = [(n, v) for n, v in message.get("headers", []) if n.lower() != b"connection"]
+        headers.append((b"connection", b"close"))
+        keep_alive = cycle.keep_alive
+        announcing: Any = {**message, "headers": headers}
+        await send(announcing)
+        cycle.keep_alive = keep_alive
+        setattr(cycle, _CLOSE_ANNOUNCED, True)
+
+    cycle.send = send_announcing_close  # type: ignore[method-assign]
 
 
 def limited_protocol(limits: ServerLimits) -> type[HttpToolsProtocol]:

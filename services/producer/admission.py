@@ -1,6 +1,7 @@
 """What a submit must pass before the producer forwards it, beyond the bounds of the wire
-types: the payload check of its task type (`common.payloads`; for `email`, the sending policy
-of `common.mail`) and, for email, the tenant's send rate (docs/architecture.md#email)."""
+types: the tenant's job rate (`PRODUCER_RATE_LIMIT`, docs/architecture.md#rate-limits), the
+payload check of its task type (`common.payloads`; for `email`, the sending policy of
+`common.mail`) and, for email, the tenant's send rate (docs/architecture.md#email)."""
 
 from __future__ import annotations
 
@@ -26,18 +27,36 @@ def payload_checks(email: EmailPolicy) -> dict[str, PayloadCheck]:
 
 
 class Admission:
-    """Admits submits: `checks` by task type, and at most `email_rate`'s email jobs per
-    tenant and window (None: no limit), refusals counted in `metrics`."""
+    """Admits submits: at most `job_rate`'s jobs per tenant and window, `checks` by task
+    type, and at most `email_rate`'s email jobs per tenant and window (None: no limit),
+    refusals counted in `metrics`."""
 
     def __init__(
         self,
         checks: Mapping[str, PayloadCheck],
         email_rate: TenantWindow | None,
         metrics: ProducerMetrics,
+        job_rate: TenantWindow | None = None,
     ) -> None:
         self._checks = checks
         self._email_rate = email_rate
         self._metrics = metrics
+        self._job_rate = job_rate
+
+    async def admit_jobs(self, caller: Caller, count: int) -> None:
+        """Count `count` jobs (a submit's one, a batch's entries) against the tenant's job
+        rate, all or none; raise RateLimited (with the seconds to wait) when they do not fit
+        in what is left of the window."""
+        if self._job_rate is None:
+            return
+        wait = await self._job_rate.take(caller.owner, count)
+        if wait is not None:
+            self._metrics.count_rate_limited(caller.owner, "jobs")
+            raise RateLimited(
+                f"this tenant's job rate (PRODUCER_RATE_LIMIT) has less than {count} "
+                "job(s) left in this window; retry after Retry-After seconds",
+                retry_after=wait,
+            )
 
     async def admit(
         self, caller: Caller, request: SubmitJobRequest, pointer: str = "/payload"

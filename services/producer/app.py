@@ -20,7 +20,7 @@ from common.web.app import (
     metrics_route,
     openapi_config,
     refine_struct_schemas,
-    require_json_body,
+    request_checks,
 )
 from common.web.http import QUEUE_SERVICE_CONNECTIONS, ServiceClient
 from common.web.http_metrics import HttpMetrics
@@ -73,11 +73,12 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
                 if redis_client is not None:
                     await redis_client.aclose()
 
-    email_rate = settings.smtp_tenant_rate
+    email_rate, job_rate = settings.smtp_tenant_rate, settings.producer_rate_limit
     admission = Admission(
         payload_checks(settings.email_policy()),
         TenantWindow(store, email_rate, "email") if email_rate is not None else None,
         metrics,
+        TenantWindow(store, job_rate, "jobs") if job_rate is not None else None,
     )
 
     def provide_producer(request: Request[Any, Any, Any]) -> Producer:
@@ -90,7 +91,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         lifespan=[lifespan],
         dependencies={"producer": Provide(provide_producer, sync_to_thread=False)},
         exception_handlers=exception_handlers(),
-        before_request=require_json_body,
+        before_request=request_checks(),
         guards=[role_guard(keys)],
         middleware=middleware,
         stores={STORE_NAME: store},

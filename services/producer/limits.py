@@ -1,8 +1,9 @@
 """Per-tenant rate limits of the producer (docs/architecture.md#rate-limits).
 
 Requests are limited by Litestar's rate-limit middleware (a fixed window per tenant, answered
-`429` with `Retry-After` and the IETF draft's `RateLimit-*` headers); email submits by a
-fixed window per tenant of their own (`TenantWindow`). Both count in one store: Redis, shared
+`429` with `Retry-After` and the IETF draft's `RateLimit-*` headers); the jobs submitted (one
+per submit, one per batch entry) and email submits by fixed windows per tenant of their own
+(`TenantWindow`). Both count in one store: Redis, shared
 by every producer replica, falling back to this process's memory while Redis cannot be reached
 (`FallbackStore`), so an outage loosens the limits to per replica instead of failing requests.
 Counting is read-then-write, as Litestar's own limiter does: replicas racing on one tenant may
@@ -180,7 +181,8 @@ def request_rate_limit(
 
 class TenantWindow:
     """At most `rate` events per tenant in each fixed window (e.g. 100 per minute from the
-    top of the minute), counted under `name` in `store`."""
+    top of the minute), counted under `name` in `store`: email jobs (`SMTP_TENANT_RATE`) and
+    the jobs of submits and batches (`PRODUCER_RATE_LIMIT`)."""
 
     def __init__(self, store: Store, rate: tuple[RateUnit, int], name: str) -> None:
         self._store = store
@@ -189,17 +191,18 @@ class TenantWindow:
         self._name = name
         self._lock = asyncio.Lock()
 
-    async def take(self, tenant: str) -> float | None:
-        """Count one event for `tenant`: None when it fits, else the seconds until the
-        window resets (nothing counted)."""
+    async def take(self, tenant: str, count: int = 1) -> float | None:
+        """Count `count` events for `tenant`, all or none: None when they fit in what is left
+        of the window, else the seconds until the window resets (nothing counted). `count`s
+        over the whole limit never fit."""
         now = time.time()
         start = int(now // self._window) * self._window
         key = f"{self._name}:{tenant}:{start}"
         async with self._lock:
             used = int(await self._store.get(key) or 0)
-            if used >= self._limit:
+            if used + count > self._limit:
                 return start + self._window - now
-            await self._store.set(key, str(used + 1), expires_in=self._window)
+            await self._store.set(key, str(used + count), expires_in=self._window)
         return None
 
 

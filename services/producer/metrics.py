@@ -17,11 +17,11 @@ class ProducerMetrics:
         self.rate_limited = Counter(
             "jobq_rate_limited",
             "Requests refused with 429, by tenant (anonymous: no known key) and by limit "
-            "(requests: PRODUCER_RATE_LIMIT; email: SMTP_TENANT_RATE).",
+            "(requests and jobs: PRODUCER_RATE_LIMIT; email: SMTP_TENANT_RATE).",
             ["tenant", "limit"],
             registry=registry,
         )
 
     def count_rate_limited(self, tenant: str, limit: str) -> None:
-        """Count one 429 for `tenant` under `limit` (`requests` or `email`)."""
+        """Count one 429 for `tenant` under `limit` (`requests`, `jobs` or `email`)."""
         self.rate_limited.labels(self.tenant_label(tenant), limit).inc()

@@ -88,6 +88,7 @@ class JobController(Controller):
         The job id is minted here, once, so a retried forward is a replay, never a duplicate.
         """
         size = check_payload(data.payload)
+        await producer.admission.admit_jobs(producer.caller, 1)
         await producer.admission.admit(producer.caller, data)
         fields = msgspec.structs.asdict(data)
         reply, created = await producer.queue.submit(
@@ -112,7 +113,10 @@ class JobController(Controller):
         producer: NamedDependency[Producer],
     ) -> BatchSubmitResponse:
         """Each entry is validated on its own and answered in order: 202 created, 200 replay
-        (also a key repeated within the batch), 409, 413, 422 or 429 with problem details."""
+        (also a key repeated within the batch), 409, 413, 422 or 429 with problem details.
+        Every entry counts against the tenant's job rate: a batch that does not fit in what
+        is left of it is refused whole with 429."""
+        await producer.admission.admit_jobs(producer.caller, len(data.jobs))
         decoded: list[SubmitJobRequest | JobqError] = []
         for index, candidate in enumerate(decode_entries(data.jobs, SubmitJobRequest)):
             if not isinstance(candidate, JobqError):

@@ -43,7 +43,9 @@ class ProducerSettings(HttpServiceSettings, EmailPolicySettings):
     @field_validator("jobq_api_keys_file")
     @classmethod
     def _keys_file(cls, value: Path | None) -> Path | None:
-        if value is not None and not parse_api_keys(_read_keys_file(value), "line"):
+        if value is not None and not parse_api_keys(
+            _read_keys_file(value), _file(value), lines=True
+        ):
             raise ValueError(f"{value} lists no key; give role:tenant:key lines, or unset it")
         return value
 
@@ -60,8 +62,13 @@ class ProducerSettings(HttpServiceSettings, EmailPolicySettings):
             _read_keys_file(self.jobq_api_keys_file) if self.jobq_api_keys_file is not None else ""
         )
         return ApiKeys.merge(
-            parse_api_keys(inline, "JOBQ_API_KEYS entry"), parse_api_keys(from_file, "line")
+            parse_api_keys(inline),
+            parse_api_keys(from_file, _file(self.jobq_api_keys_file), lines=True),
         )
+
+
+def _file(path: Path | None) -> str:
+    return str(path)
 
 
 def _read_keys_file(path: Path) -> str:

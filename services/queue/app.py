@@ -26,7 +26,7 @@ from common.web.app import (
     metrics_route,
     openapi_config,
     refine_struct_schemas,
-    require_json_body,
+    request_checks,
 )
 from common.web.http_metrics import HttpMetrics
 from common.web.pools import PoolMetrics
@@ -180,7 +180,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             "depth_cache": Provide(provide_depth_cache, sync_to_thread=False),
         },
         exception_handlers=exception_handlers(),
-        before_request=require_json_body,
+        before_request=request_checks(),
         guards=[token_guard(token.get_secret_value() if token else None)],
         middleware=[HttpMetrics("queue", registry).middleware],
         openapi_config=openapi_config(

@@ -58,6 +58,14 @@ class QueueMetrics:
             ["queue", "task_type", "outcome"],
             registry=registry,
         )
+        self.schedule_clock_stepped_back = Counter(
+            "jobq_schedule_clock_stepped_back",
+            "Recurring schedules rewound because their stored bucket was more than one period "
+            "ahead of the database's clock (the clock was stepped back), by schedule name "
+            "(bounded: names come from QUEUE_SCHEDULES).",
+            ["schedule"],
+            registry=registry,
+        )
         self.lease_expired = Counter(
             "jobq_lease_expired", "Leases the reaper found expired.", ["queue"], registry=registry
         )

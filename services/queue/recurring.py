@@ -9,6 +9,13 @@ keep). The job also carries the idempotency key `<name>:<bucket start>`.
 
 First start and downtime: a schedule with no state fires its latest bucket at once; after
 downtime only the latest missed bucket fires, once, never one job per missed bucket.
+
+A clock stepped back: a stored bucket more than one period ahead of the database's clock
+would block the schedule until the clock caught up with it (silently, for as long as the
+step). The firing statement rewinds it to the current bucket instead, once however many
+replicas fire, logged (WARNING `schedule_clock_stepped_back`) and counted
+(`jobq_schedule_clock_stepped_back_total`); the bucket's idempotency key still keeps a job
+the earlier timeline created for it from being created twice.
 """
 
 from __future__ import annotations
@@ -58,8 +65,9 @@ class Recurring:
 
     async def _fire_one(self, schedule: Schedule, now: datetime) -> int:
         bucket = schedule.bucket(now)
-        seen = self._fired.get(schedule.name)
-        if seen is not None and bucket <= seen:
+        # Only the very bucket seen is skipped: an earlier one means the clock went back, and
+        # the database decides whether that is a lagging read or a step to rewind from.
+        if self._fired.get(schedule.name) == bucket:
             return 0
         request = EnqueueRequest(
             task_type=schedule.task_type,
@@ -68,10 +76,21 @@ class Recurring:
             priority=schedule.priority,
             idempotency_key=f"{schedule.name}:{bucket.isoformat()}",
         )
-        created = await self._service.enqueue_scheduled(
-            schedule.name, schedule.cron, bucket, request
+        firing = await self._service.enqueue_scheduled(
+            schedule.name, schedule.cron, bucket, schedule.period(bucket), request
         )
         self._fired[schedule.name] = bucket
+        if firing.rewound_from is not None:
+            logger.warning(
+                "schedule %s: its last bucket %s is more than one period ahead of the "
+                "database's clock (%s); the clock was stepped back, firing again from %s",
+                schedule.name,
+                firing.rewound_from.isoformat(),
+                now.isoformat(),
+                bucket.isoformat(),
+                extra={"event": "schedule_clock_stepped_back", "schedule": schedule.name},
+            )
+        created = firing.created
         if created is None:
             return 0
         logger.info(

@@ -22,7 +22,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import asyncpg
@@ -110,6 +110,15 @@ class FailEntry:
     retryable: bool
     retry_after: float | None
     jitter: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleFiring:
+    """What firing a schedule's bucket did: the job it created (None: none), and the stored
+    bucket it rewound from when the database's clock had been stepped back (None: no rewind)."""
+
+    created: Inserted | None
+    rewound_from: datetime | None
 
 
 def _to_view(row: asyncpg.Record) -> JobView:
@@ -489,15 +498,22 @@ GROUP BY queue, status
 _SCHEMA_REVISION = "SELECT version_num FROM alembic_version"
 
 # Upsert the schedule's state, but only forward: on a concurrent fire the second replica waits
-# for the first's row lock, then sees its committed bucket and updates nothing.
+# for the first's row lock, then sees its committed bucket and updates nothing. The one way back
+# is a clock stepped back: a stored bucket more than one period ($5) ahead of the database's
+# clock would otherwise block the schedule until the clock caught up, so it is rewound to this
+# bucket. clock_timestamp(), not statement_timestamp(): the WHERE is evaluated after the row
+# lock was waited for, and the bucket another replica committed meanwhile must not look ahead.
+# `previous` (read before the lock) only tells the caller whether it was a rewind.
 _ADVANCE_SCHEDULE = """
+WITH previous AS (SELECT last_bucket FROM schedule WHERE name = $1)
 INSERT INTO schedule (name, cron, last_bucket, last_job_id, fired_at)
 VALUES ($1, $2, $3, $4, statement_timestamp())
 ON CONFLICT (name) DO UPDATE
     SET cron = EXCLUDED.cron, last_bucket = EXCLUDED.last_bucket,
         last_job_id = EXCLUDED.last_job_id, fired_at = EXCLUDED.fired_at
     WHERE schedule.last_bucket < EXCLUDED.last_bucket
-RETURNING name
+       OR schedule.last_bucket > clock_timestamp() + $5::interval
+RETURNING (SELECT last_bucket FROM previous) AS previous
 """
 
 # The bucket's job existed already (created under its idempotency key before the schedule table
@@ -1045,22 +1061,27 @@ class JobRepository:
         return value
 
     async def fire_schedule(
-        self, name: str, cron: str, bucket: datetime, row: JobRow
-    ) -> Inserted | None:
-        """Fire recurring schedule `name` for the cron bucket starting at `bucket`: move its
-        `last_bucket` forward and insert `row`, in one transaction. Returns the job created,
-        or None when the bucket was not after the schedule's last one (another replica or an
-        earlier run fired it; a lagging clock never fires an older bucket) or when the row's
-        idempotency key already had a job."""
+        self, name: str, cron: str, bucket: datetime, period: timedelta, row: JobRow
+    ) -> ScheduleFiring:
+        """Fire recurring schedule `name` for the cron bucket starting at `bucket` (`period`:
+        from it to the next cron time): move its `last_bucket` forward and insert `row`, in
+        one transaction. Nothing is fired when the bucket was not after the schedule's last
+        one (another replica or an earlier run fired it; a lagging clock never fires an older
+        bucket), unless the last one is more than `period` ahead of the database's clock: the
+        clock was stepped back, and `last_bucket` is rewound to `bucket` (once, whatever the
+        number of replicas: the row lock decides). No job is created either when the row's
+        idempotency key already had one."""
         async with self._connection() as conn, conn.transaction():
-            advanced = await conn.fetchrow(_ADVANCE_SCHEDULE, name, cron, bucket, row.id)
+            advanced = await conn.fetchrow(_ADVANCE_SCHEDULE, name, cron, bucket, row.id, period)
             if advanced is None:
-                return None
+                return ScheduleFiring(None, None)
+            previous: datetime | None = advanced["previous"]
+            rewound_from = previous if previous is not None and previous > bucket else None
             created = await AsyncpgExecutor(conn).insert_many([row])
             if not created:
                 await conn.execute(_FORGET_SCHEDULE_JOB, name)
-                return None
-        return created[0]
+                return ScheduleFiring(None, rewound_from)
+        return ScheduleFiring(created[0], rewound_from)
 
     async def health(self) -> DatabaseHealth:
         """The oldest open transaction's age, the `job` table's live and dead tuples and the

@@ -58,6 +58,11 @@ class Schedule(
         start: datetime = croniter(self.cron, now + timedelta(microseconds=1)).get_prev(datetime)
         return start
 
+    def period(self, bucket: datetime) -> timedelta:
+        """From the start of `bucket` to the next cron time (positive)."""
+        following: datetime = croniter(self.cron, bucket).get_next(datetime)
+        return following - bucket
+
 
 def parse_schedules(raw: str) -> list[Schedule]:
     """Parse `QUEUE_SCHEDULES` (a JSON array); raises ValueError naming the bad entry."""

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from common.coalesce import Coalescer
@@ -39,7 +39,7 @@ from common.contracts import (
     JobView,
     QueuesResponse,
 )
-from common.enqueue import Inserted, JobRow, Submitted, insert_jobs, job_row
+from common.enqueue import JobRow, Submitted, insert_jobs, job_row
 from common.errors import (
     InvalidInput,
     InvalidState,
@@ -58,6 +58,7 @@ from services.queue.repository import (
     Claimed,
     Extended,
     JobRepository,
+    ScheduleFiring,
     Settled,
 )
 from services.queue.repository import (
@@ -594,17 +595,23 @@ class QueueService:
             )
 
     async def enqueue_scheduled(
-        self, name: str, cron: str, bucket: datetime, request: EnqueueRequest
-    ) -> Inserted | None:
-        """Create the job of recurring schedule `name` for the cron bucket starting at `bucket`,
-        unless that bucket or a later one was fired already (by any replica, at any time: the
-        schedule's state is in PostgreSQL). Returns the job created, or None.
+        self, name: str, cron: str, bucket: datetime, period: timedelta, request: EnqueueRequest
+    ) -> ScheduleFiring:
+        """Create the job of recurring schedule `name` for the cron bucket starting at `bucket`
+        (`period`: from it to the next cron time), unless that bucket or a later one was fired
+        already (by any replica, at any time: the schedule's state is in PostgreSQL), or
+        rewind the schedule to `bucket` when its stored bucket is more than `period` ahead of
+        the database's clock (the clock was stepped back), counted in
+        `jobq_schedule_clock_stepped_back_total`. Returns what the firing did.
 
         Raises PayloadTooLarge/InvalidInput for a payload that cannot be stored.
         """
         check_payload(request.payload)
         row = job_row(request, new_job_id(), self._settings.queue_max_attempts)
-        created = await self._repository.fire_schedule(name, cron, bucket, row)
-        if created is not None:
+        firing = await self._repository.fire_schedule(name, cron, bucket, period, row)
+        if firing.created is not None:
+            created = firing.created
             self._metrics.count_enqueued(created.queue, created.task_type, row.tenant)
-        return created
+        if firing.rewound_from is not None:
+            self._metrics.schedule_clock_stepped_back.labels(name).inc()
+        return firing

@@ -87,8 +87,10 @@ def test_api_key_specs() -> None:
         ADMIN: Caller(Role.ADMIN, "*"),
         SUBMIT: Caller(Role.SUBMIT, "acme"),
     }
-    # A key with a colon in the old form stays one key when its head is no tenant name.
-    assert parse_api_keys(f"submit:Ab:{SUBMIT}") == {f"Ab:{SUBMIT}": Caller(Role.SUBMIT, "default")}
+    # Three fields or more are role:tenant:key, whose key may hold colons.
+    assert parse_api_keys(f"submit:default:Ab:{SUBMIT}") == {
+        f"Ab:{SUBMIT}": Caller(Role.SUBMIT, "default")
+    }
     for bad in (
         "root:" + ADMIN,
         "admin:short",

@@ -96,6 +96,64 @@ async def test_a_reply_sent_before_the_body_arrived_closes_the_connection(
     assert received.startswith(b"HTTP/1.1 401 "), received
 
 
+async def response_head(reader: asyncio.StreamReader) -> bytes:
+    """The status line and headers of the response `reader` receives, lower-cased."""
+    return (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)).lower()
+
+
+async def test_a_reply_that_ends_the_connection_says_connection_close(
+    producer: httpx.AsyncClient,
+) -> None:
+    """Issue 16 item 11: without the header a keep-alive client reuses the closing connection
+    and its next request fails with "server disconnected"."""
+    # 401 before the body arrived.
+    reader, writer = await connect(producer)
+    writer.write(head("/jobs", 8 * 1024 * 1024) + b'{"taskType":')
+    await writer.drain()
+    answer = await response_head(reader)
+    assert answer.startswith(b"http/1.1 401 ") and b"\r\nconnection: close\r\n" in answer, answer
+    await trickle_until_closed(reader, writer, b" ", every=0.05)
+
+    # 413 on a chunked body that grows past the cap.
+    reader, writer = await connect(producer)
+    chunked = (
+        "POST /jobs HTTP/1.1\r\nHost: jobq\r\nContent-Type: application/json\r\n"
+        f"Authorization: {BEARER['Authorization']}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    writer.write(chunked)
+    chunk = b"%x\r\n%s\r\n" % (256 * 1024, b" " * 256 * 1024)
+    reading = asyncio.ensure_future(response_head(reader))
+    for _ in range(64):  # 16 MiB at most; the cap is 8 MiB
+        if reading.done():
+            break
+        writer.write(chunk)
+        await writer.drain()
+    answer = await reading
+    assert answer.startswith(b"http/1.1 413 ") and b"\r\nconnection: close\r\n" in answer, answer
+    writer.close()
+
+    # A keep-alive client: the refusal closes its connection, the next request opens a new one.
+    connects: list[str] = []
+
+    async def trace(event: str, info: dict[str, object]) -> None:
+        if event == "connection.connect_tcp.complete":
+            connects.append(event)
+
+    async with httpx.AsyncClient(base_url=producer.base_url) as client:
+        refused = await client.post(
+            "/jobs",
+            content=b" " * (1024 * 1024),
+            headers={"Content-Type": "application/json"},
+            extensions={"trace": trace},
+        )
+        assert refused.status_code == 401 and refused.headers["connection"] == "close"
+        for _ in range(2):
+            following = await client.get("/health/live", extensions={"trace": trace})
+            assert following.status_code == 200
+            assert "connection" not in following.headers  # a normal reply keeps it open
+    assert len(connects) == 2, "the refused connection was reused, or the next one was not"
+
+
 async def test_an_idle_connection_is_closed_after_the_header_deadline(
     producer: httpx.AsyncClient,
 ) -> None:

@@ -107,6 +107,28 @@ async def test_recipients_may_be_limited_to_some_domains(
         assert pointer_of(outside) == "/payload/to/1"
 
 
+async def test_a_subject_the_worker_could_not_send_is_refused_at_submit(
+    clean_database: str, redis_url: str
+) -> None:
+    """U+2028 and its kin were a 202, then a dead letter on the worker (issue 16 item 13)."""
+    key = "acme-submit-key-0123456789"
+    bearer = {"Authorization": f"Bearer {key}"}
+    async with producer_with(clean_database, redis_url, f"submit:acme:{key}") as producer:
+        for character in ("\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1d", "\x1b", "\x7f"):
+            reply = await producer.post(
+                "/jobs", json=email(subject=f"Hello{character}there"), headers=bearer
+            )
+            assert pointer_of(reply) == "/payload/subject", repr(character)
+        batch = await producer.post(
+            "/jobs/batch",
+            json={"jobs": [email(subject="ok\tfine"), email(subject="a\u2028b")]},
+            headers=bearer,
+        )
+        results = batch.json()["results"]
+        assert [r["status"] for r in results] == [202, 422], results
+        assert results[1]["error"]["errors"][0]["pointer"] == "/jobs/1/payload/subject"
+
+
 async def test_each_tenant_has_a_send_rate(clean_database: str, redis_url: str) -> None:
     first, second = f"t{uuid.uuid4().hex[:10]}", f"t{uuid.uuid4().hex[:10]}"
     keys = f"submit:{first}:{first}-key-0123456789,submit:{second}:{second}-key-0123456789"

@@ -69,6 +69,32 @@ async def test_each_tenant_has_its_own_request_budget(clean_database: str, redis
         ), metrics
 
 
+async def test_batch_entries_count_against_the_job_budget(
+    clean_database: str, redis_url: str
+) -> None:
+    """One request of many entries must not pass as one unit (issue 16 item 4): with
+    `3/minute`, a single submit leaves two jobs, so a batch of three is refused whole."""
+    first, _, keys = tenants()
+    headers = {"Authorization": f"Bearer {first}-key-0123456789"}
+    job = {"taskType": "noop", "payload": {}}
+    async with limited_producer(clean_database, redis_url, redis_url, keys) as producer:
+        assert (await producer.post("/jobs", json=job, headers=headers)).status_code == 202
+        refused = await producer.post("/jobs/batch", json={"jobs": [job] * 3}, headers=headers)
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["content-type"].startswith("application/problem+json")
+        assert refused.json()["type"] == "urn:jobq:problem:rate-limited"
+        assert "PRODUCER_RATE_LIMIT" in refused.json()["detail"]
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        # Nothing of the refused batch was counted or created: two entries still fit.
+        admitted = await producer.post("/jobs/batch", json={"jobs": [job] * 2}, headers=headers)
+        assert admitted.status_code == 200, admitted.text
+        assert [r["status"] for r in admitted.json()["results"]] == [202, 202]
+        metrics = (await producer.get("/metrics")).text
+        assert re.search(
+            rf'jobq_rate_limited_total\{{limit="jobs",tenant="{first}"\}} 1\.0', metrics
+        ), metrics
+
+
 async def test_without_redis_the_limit_holds_in_memory(
     clean_database: str, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

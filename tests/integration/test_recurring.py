@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+import logging
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -27,14 +28,19 @@ SCHEDULES = (
 YEARLY = '[{"name": "yearly", "cron": "0 0 1 1 *", "taskType": "noop", "queue": "y"}]'
 
 
-def replica(repository: JobRepository, database_url: str, schedules: str = SCHEDULES) -> Recurring:
-    """A queue-service replica's recurring firer (its own service object and metrics): a new
-    one is what a restarted replica has, with nothing remembered in process."""
+def replica(
+    repository: JobRepository,
+    database_url: str,
+    schedules: str = SCHEDULES,
+    registry: CollectorRegistry | None = None,
+) -> Recurring:
+    """A queue-service replica's recurring firer (its own service object and metrics, on
+    `registry`): a new one is what a restarted replica has, with nothing remembered in process."""
     service = QueueService(
         repository,
         WakeupHub(),
         QueueSettings(database_url=database_url),
-        QueueMetrics(CollectorRegistry()),
+        QueueMetrics(registry or CollectorRegistry()),
         asyncio.Event(),
     )
     return Recurring(service, parse_schedules(schedules))
@@ -112,11 +118,64 @@ async def test_after_downtime_only_the_latest_missed_bucket_fires(
 async def test_an_earlier_bucket_never_fires_after_a_later_one(
     engine: AsyncEngine, repository: JobRepository, clean_database: str
 ) -> None:
-    # A replica whose clock reading lags another's must not fire the older bucket.
+    # A replica whose clock reading lags another's must not fire the older bucket. Around the
+    # database's real clock: a stored bucket far ahead of it would be a clock stepped back.
     ahead, behind = replica(repository, clean_database), replica(repository, clean_database)
-    assert await ahead.fire(datetime(2026, 11, 29, 10, 10, 1, tzinfo=UTC)) == 1
-    assert await behind.fire(datetime(2026, 11, 29, 10, 9, 59, tzinfo=UTC)) == 0
-    assert await job_keys(engine) == ["nightly:2026-11-29T10:10:00+00:00"]
+    current = parse_schedules(SCHEDULES)[0].bucket(await repository.now())
+    assert await ahead.fire(current + timedelta(seconds=1)) == 1
+    assert await behind.fire(current - timedelta(seconds=1)) == 0
+    assert await job_keys(engine) == [f"nightly:{current.isoformat()}"]
+
+
+async def test_a_clock_stepped_back_resumes_firing_at_the_current_bucket_once(
+    engine: AsyncEngine,
+    repository: JobRepository,
+    clean_database: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stored bucket far ahead of the database's clock (the clock ran ahead, fired, and was
+    stepped back) must not stop the schedule until the clock catches up (issue 16 item 10)."""
+    registries = [CollectorRegistry(), CollectorRegistry()]
+    first, second = (replica(repository, clean_database, registry=r) for r in registries)
+    ahead = datetime(2100, 1, 1, 0, 7, 0, tzinfo=UTC)
+    assert await first.fire(ahead) == 1  # the clock read 2100 when this bucket fired
+
+    # Back to the database's real clock: both replicas tick at once; one rewinds and fires.
+    with caplog.at_level(logging.WARNING, logger="services.queue.recurring"):
+        created = await asyncio.gather(first.tick(), second.tick())
+    assert sorted(created) == [0, 1]
+    now = await repository.now()
+    current = parse_schedules(SCHEDULES)[0].bucket(now)
+    assert await job_keys(engine) == sorted(
+        ["nightly:2100-01-01T00:05:00+00:00", f"nightly:{current.isoformat()}"]
+    )
+    async with engine.connect() as conn:
+        stored = (await conn.execute(text("SELECT last_bucket FROM schedule"))).scalar_one()
+    assert stored == current
+    steps = [r for r in caplog.records if getattr(r, "event", "") == "schedule_clock_stepped_back"]
+    assert len(steps) == 1 and "2100-01-01T00:05:00" in steps[0].getMessage()
+    counted = [
+        r.get_sample_value("jobq_schedule_clock_stepped_back_total", {"schedule": "nightly"})
+        for r in registries
+    ]
+    assert sorted(c or 0.0 for c in counted) == [0.0, 1.0]
+
+    # The current bucket never fires twice, from a restarted replica either.
+    assert await first.tick() == 0 and await second.tick() == 0
+    assert await replica(repository, clean_database).tick() == 0
+    assert len(await job_keys(engine)) == 2
+
+
+async def test_a_stored_bucket_within_one_period_ahead_is_not_a_clock_step(
+    engine: AsyncEngine, repository: JobRepository, clean_database: str
+) -> None:
+    # Ahead by less than one period (a replica's read lagging another's): nothing is rewound.
+    now = await repository.now()
+    [schedule] = parse_schedules(SCHEDULES)
+    following = schedule.bucket(now) + schedule.period(schedule.bucket(now))
+    assert await replica(repository, clean_database).fire(following) == 1
+    assert await replica(repository, clean_database).tick() == 0
+    assert await job_keys(engine) == [f"nightly:{following.isoformat()}"]
 
 
 def test_buckets_and_bad_schedules() -> None:
@@ -126,6 +185,8 @@ def test_buckets_and_bad_schedules() -> None:
     assert schedule.bucket(at.replace(minute=9, second=59)) == at
     every_second = Schedule(name="s", cron="* * * * * *", task_type="t")
     assert every_second.bucket(at.replace(microsecond=500)) == at
+    assert every_second.period(at) == timedelta(seconds=1)
+    assert schedule.period(at) == timedelta(minutes=5)
     for bad in (
         '[{"name": "x", "cron": "every day", "taskType": "t"}]',
         '[{"name": "x", "cron": "* * * * *", "taskType": "t", "typo": 1}]',

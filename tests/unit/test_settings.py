@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from common.web.access import Caller, Role
 from services.queue.settings import QueueSettings, async_database_url
 from services.worker.settings import WorkerSettings
 
@@ -163,6 +164,60 @@ def test_bad_security_settings_refuse_to_start(
     monkeypatch.setenv(variable, value)
     with pytest.raises(ValidationError):
         ProducerSettings()
+
+
+@pytest.mark.parametrize(
+    ("entries", "where"),
+    [
+        # A second field that is no tenant name once made an admin of `default` whose key was
+        # `ACME:<key>` (issue 16 item 14).
+        ("admin:ACME:acme-admin-key-0123456789", "JOBQ_API_KEYS: entry 1"),
+        (
+            "submit:acme:acme-key-0123456789ab, admin::root-key-0123456789ab",
+            "JOBQ_API_KEYS: entry 2",
+        ),
+        ("submit:acme:acme-key-0123456789ab\nsubmit:a b:x-key-0123456789ab", "KEYS: entry 2"),
+        ("submit:Acme.Corp:acme-key-0123456789ab", "JOBQ_API_KEYS: entry 1"),
+    ],
+)
+def test_an_entry_whose_tenant_is_no_name_refuses_to_start(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], entries: str, where: str
+) -> None:
+    from common.web.settings import load_settings
+    from services.producer.settings import ProducerSettings
+
+    monkeypatch.setenv("JOBQ_API_KEYS", entries)
+    with pytest.raises(SystemExit) as exit_:
+        load_settings(ProducerSettings)
+    assert exit_.value.code == 2
+    printed = capsys.readouterr().err
+    assert f"{where}: the tenant" in printed and "role:default:<key>" in printed, printed
+    assert "key-0123456789" not in printed, "a key (or part of one) must never be printed"
+
+
+def test_a_keys_file_entry_whose_tenant_is_no_name_is_named_by_its_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from common.web.settings import load_settings
+    from services.producer.settings import ProducerSettings
+
+    keys = tmp_path / "keys"
+    keys.write_text(
+        "# tenants, one a line\n\nsubmit:acme:acme-key-0123456789ab\n"
+        "admin:ACME:acme-admin-key-0123456789\n"
+    )
+    monkeypatch.setenv("JOBQ_API_KEYS_FILE", str(keys))
+    with pytest.raises(SystemExit):
+        load_settings(ProducerSettings)
+    printed = capsys.readouterr().err
+    assert f"JOBQ_API_KEYS_FILE: {keys} line 4: the tenant" in printed, printed
+    assert "admin-key" not in printed
+
+    # The legacy two-field form still means tenant `default`; a key with ':' takes three.
+    keys.write_text("admin:legacy-key-0123456789ab\nsubmit:default:ACME:key-0123456789ab\n")
+    api_keys = load_settings(ProducerSettings).api_keys()
+    assert api_keys.resolve("legacy-key-0123456789ab") == Caller(Role.ADMIN, "default")
+    assert api_keys.resolve("ACME:key-0123456789ab") == Caller(Role.SUBMIT, "default")
 
 
 def test_a_key_in_both_the_variable_and_the_file_is_refused(

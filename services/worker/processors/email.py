@@ -1,9 +1,10 @@
 """The `email` processor: send one plain-text message through the configured SMTP relay.
 
 The payload and the sending policy are those of `common.mail` (docs/architecture.md#email),
-checked when the job was submitted and again here: the envelope sender is always `SMTP_SENDER`,
-the `From` header is `SMTP_SENDER` or a chosen sender allowed by `SMTP_ALLOWED_SENDERS`, and
-`replyTo` becomes `Reply-To`.
+checked when the job was submitted and again here, by the same function (`parse_email`, which
+builds the message with `build_message`, as this processor then does): the envelope sender is
+always `SMTP_SENDER`, the `From` header is `SMTP_SENDER` or a chosen sender allowed by
+`SMTP_ALLOWED_SENDERS`, and `replyTo` becomes `Reply-To`.
 
 Delivery is at-least-once, so the `Message-ID` is derived from the job id (`<job-id@jobq>`): a
 retry of the same job produces the same id, which receivers and relays can deduplicate on (RFC 5322
@@ -17,14 +18,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from email.errors import MessageError
 from email.message import EmailMessage
-from email.utils import formatdate
 from typing import Any
 
 import aiosmtplib
 
-from common.mail import EmailPolicy, EmailRequest, parse_email
+from common.mail import EmailPolicy, EmailRequest, build_message, parse_email
 from common.payloads import PayloadProblem
 from jobq.processors import JobContext, NonRetryable, Retry
 
@@ -48,10 +47,15 @@ class EmailProcessor:
         self._timeout = timeout
         self._policy = policy or EmailPolicy()
 
+    def prepare(self, job: JobContext) -> tuple[EmailRequest, EmailMessage]:
+        """What is sent for `job`, before any network: the checked request and its message.
+        Raises NonRetryable for a payload it cannot send (what `parse_email` refuses)."""
+        request = parse_email_payload(job.payload, self._policy)
+        return request, build_email(job.id, request, request.sender or self._sender)
+
     async def __call__(self, job: JobContext) -> dict[str, Any]:
         """Send one attempt; returns the Message-ID and accepted recipients."""
-        request = parse_email_payload(job.payload, self._policy)
-        message = build_message(job.id, request, request.sender or self._sender)
+        request, message = self.prepare(job)
         try:
             refused, _ = await aiosmtplib.send(
                 message,
@@ -91,22 +95,14 @@ def parse_email_payload(
         raise NonRetryable(f"email payload {problem.pointer}: {problem.detail}") from None
 
 
-def build_message(job_id: uuid.UUID, request: EmailRequest, sender: str) -> EmailMessage:
+def build_email(job_id: uuid.UUID, request: EmailRequest, sender: str) -> EmailMessage:
     """The message for `request` from `sender` (the `From` header), with
-    `Message-ID: <job_id@jobq>` stable across attempts."""
-    message = EmailMessage()
+    `Message-ID: <job_id@jobq>` stable across attempts (`common.mail.build_message`); raises
+    NonRetryable when it cannot be built."""
     try:
-        message["From"] = sender
-        message["To"] = ", ".join(request.recipients)
-        message["Subject"] = request.subject
-        message["Date"] = formatdate(usegmt=True)
-        message["Message-ID"] = f"<{job_id}@jobq>"
-        if request.reply_to is not None:
-            message["Reply-To"] = request.reply_to
-        message.set_content(request.body)
-    except (MessageError, ValueError) as exc:
-        raise NonRetryable(f"cannot build the email message: {exc}") from exc
-    return message
+        return build_message(request, sender, f"<{job_id}@jobq>")
+    except PayloadProblem as problem:
+        raise NonRetryable(f"cannot build the email message: {problem}") from None
 
 
 def _smtp_reply(code: int, text: str) -> Exception:
