@@ -108,6 +108,30 @@ async def test_a_listing_page_stops_at_its_byte_budget_and_the_cursor_walks_ever
     assert len(summary["items"]) == 20 and summary["nextCursor"] is None
 
 
+async def test_summary_pages_are_bounded_too_however_their_texts_escape(
+    door: httpx.AsyncClient, repository: JobRepository, engine: AsyncEngine
+) -> None:
+    for _ in range(60):
+        await repository.insert(new_job())
+    async with engine.begin() as conn:
+        # 8 KiB of control characters: 48 KiB each as JSON (\u0001), 2.9 MB for the 60.
+        await conn.execute(text("UPDATE job SET last_error = repeat(chr(1), 8192)"))
+
+    seen = 0
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 500, **({"cursor": cursor} if cursor else {})}
+        reply = await door.get("/jobs", params=params)
+        assert reply.status_code == 200, reply.text[:300]
+        assert len(reply.content) <= LIST_PAGE_MAX_BYTES
+        seen += len(reply.json()["items"])
+        cursor = reply.json()["nextCursor"]
+        if cursor is None:
+            break
+
+    assert seen == 60
+
+
 async def test_a_job_larger_than_the_budget_still_gets_a_page_of_its_own(
     repository: JobRepository,
 ) -> None:
