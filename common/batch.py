@@ -1,28 +1,31 @@
 """Per-entry decoding of batch submits: every entry is validated on its own, so one bad entry
-is a 422 for that entry, never for the whole batch."""
+is a 413 or 422 for that entry, never for the whole batch. Entries arrive as spans of the body
+(`msgspec.Raw`), and each payload's span is checked before it is decoded."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 
-from common.contracts import BatchEntryResult, SubmitJobResponse
+from common.contracts import BatchEntryResult, SubmitJobRequest, SubmitJobResponse
 from common.errors import JobqError
-from common.validation import check_payload, msgspec_error
+from common.validation import check_payload, decode_submit, msgspec_error
 
 T = TypeVar("T", bound=msgspec.Struct)
+S = TypeVar("S", bound=SubmitJobRequest)
 
 
-def decode_entries(entries: list[Any], type_: type[T]) -> list[T | JobqError]:
-    """Convert each raw entry to `type_` and check its payload; a failing entry becomes the
-    `JobqError` describing it, with JSON pointers rooted at `/jobs/<index>`."""
-    decoded: list[T | JobqError] = []
+def decode_entries(entries: list[msgspec.Raw], type_: type[S]) -> list[S | JobqError]:
+    """Decode each entry's JSON as `type_` (its payload's byte span checked first) and check
+    its payload; a failing entry becomes the `JobqError` describing it, with JSON pointers
+    rooted at `/jobs/<index>`."""
+    decoded: list[S | JobqError] = []
     for index, entry in enumerate(entries):
         root = f"/jobs/{index}"
         try:
-            value = msgspec.convert(entry, type_)
-            check_payload(value.payload, pointer=f"{root}/payload")  # type: ignore[attr-defined]
+            value = decode_submit(entry, type_, root)
+            check_payload(value.payload, pointer=f"{root}/payload")
         except msgspec.ValidationError as exc:
             decoded.append(msgspec_error(str(exc), root))
             continue

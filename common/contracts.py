@@ -48,6 +48,9 @@ SERVER_KEEP_ALIVE_MIN_SECONDS = 2 * CLIENT_IDLE_SECONDS
 server is closing at that very moment; a proxy in front of a jobq server must follow the same
 rule towards it (its idle timeout under the server's)."""
 LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX = 50, 500
+LIST_PAGE_MAX_BYTES = 1024 * 1024
+"""A listing page's JSON stops at this many bytes (a page holds at least one job, whatever its
+size); `nextCursor` carries on from its last job."""
 REDRIVE_BATCH = 500
 
 Name = Annotated[
@@ -146,10 +149,12 @@ class EnqueueRequest(SubmitJobRequest):
 
 class BatchSubmitRequest(_Wire):
     """`POST /jobs/batch`: up to 500 entries, each a `SubmitJobRequest` (on the queue service,
-    an `EnqueueRequest`), validated one by one: a bad entry fails alone."""
+    an `EnqueueRequest`), validated one by one: a bad entry fails alone. Entries are kept as
+    their JSON text (`msgspec.Raw`) until each is decoded on its own, its payload's byte span
+    checked first."""
 
     jobs: Annotated[
-        list[Any],
+        list[msgspec.Raw],
         Meta(
             min_length=1,
             max_length=BATCH_MAX,
@@ -218,11 +223,45 @@ class JobView(_Wire):
     cancel_requested: bool
 
 
+ListView = Literal["summary", "full"]
+"""What a listing shows of each job: `summary` (the default) leaves out `payload`, `errors` and
+`result`; `full` includes them, as `GET /jobs/{id}` does."""
+
+
+class ListedJob(_Wire):
+    """A job as `GET /jobs` lists it: the summary view (a `JobView` without `payload`, `errors`
+    and `result`), or with `view=full` all of `JobView`'s fields."""
+
+    id: uuid.UUID
+    tenant: str
+    queue: str
+    task_type: str
+    status: JobStatus
+    priority: int
+    attempts: int
+    releases: int
+    max_attempts: int
+    timeout_seconds: int | None
+    last_error: str | None
+    idempotency_key: str | None
+    locked_by: str | None
+    created_at: datetime
+    updated_at: datetime
+    visible_at: datetime
+    claimed_at: datetime | None
+    finished_at: datetime | None
+    cancel_requested: bool
+    payload: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    errors: list[ErrorEntry] | msgspec.UnsetType = msgspec.UNSET
+    result: Any | msgspec.UnsetType = msgspec.UNSET
+
+
 class JobList(_Wire):
     """`GET /jobs` page, newest first; pass `next_cursor` as `cursor` for the next page
-    (None on the last page). Keyset pagination: stable while new jobs arrive."""
+    (None on the last page). Keyset pagination: stable while new jobs arrive. A page stops at
+    `limit` jobs or LIST_PAGE_MAX_BYTES of JSON, whichever comes first (at least one job)."""
 
-    items: list[JobView]
+    items: list[ListedJob]
     next_cursor: str | None
 
 

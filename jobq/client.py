@@ -16,6 +16,7 @@ from common.contracts import (
     JobList,
     JobStatus,
     JobView,
+    ListView,
     RedriveRequest,
     RedriveResponse,
     SubmitJobRequest,
@@ -90,7 +91,7 @@ class Client:
 
     def submit_batch(self, requests: list[SubmitJobRequest]) -> BatchSubmitResponse:
         """Submit up to 500 jobs; each gets its own result (202, 200, 409, 413 or 422)."""
-        body = BatchSubmitRequest(jobs=[msgspec.to_builtins(r) for r in requests])
+        body = BatchSubmitRequest(jobs=[msgspec.Raw(msgspec.json.encode(r)) for r in requests])
         replayable = all(r.idempotency_key is not None for r in requests)
         return self._call("POST", "/jobs/batch", BatchSubmitResponse, body, replayable=replayable)
 
@@ -106,9 +107,14 @@ class Client:
         task_type: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        view: ListView = "summary",
     ) -> JobList:
-        """One page of jobs, newest first (admin key); pass `next_cursor` for the next page."""
+        """One page of jobs, newest first (admin key); pass `next_cursor` for the next page.
+        Jobs come without payload, errors and result unless `view="full"`; a page stops at
+        `limit` jobs or 1 MiB of JSON."""
         params = {"status": status, "queue": queue, "taskType": task_type, "cursor": cursor}
+        if view != "summary":
+            params["view"] = view
         query = {k: v for k, v in params.items() if v is not None} | {"limit": limit}
         return self._call("GET", "/jobs", JobList, params=query)
 

@@ -8,6 +8,9 @@ one `msgspec.json.decode(body, type=T)` call:
 - **Once, and late.** Litestar runs guards (authentication) and the `before_request` hook (the
   content-type check, 415) before it extracts `data`, so an unauthenticated request costs no
   more than reading its headers, and a body is never decoded twice.
+- **Payload spans first.** `SubmitJSON[T]` (submits) checks the payload's byte span before
+  decoding it (`common.validation.decode_submit`), so an oversized payload costs a skim, not
+  a decode; batch entries are spans (`msgspec.Raw`) checked the same way, one by one.
 - **Unpaired surrogates.** Escapes like `"\\ud800"` are valid JSON but not valid Unicode, so the
   decoder would reject the whole body with an unhelpful message. `StrictJSON` marks them, so
   validation names the exact field of a submit; `ReportJSON` replaces them with U+FFFD, so a
@@ -16,7 +19,7 @@ one `msgspec.json.decode(body, type=T)` call:
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
@@ -27,13 +30,19 @@ from litestar.typing import FieldDefinition
 
 from common.errors import MalformedRequest
 from common.text import LONE_SURROGATE_MARK_ESCAPE, repair_lone_surrogate_escapes
-from common.validation import msgspec_error
+from common.validation import decode_submit, msgspec_error
 
 T = TypeVar("T")
 
 
-def decode_strict(body: bytes, type_: type[T], surrogate_replacement: bytes) -> T:
-    """Decode `body` as `type_` with msgspec's strict rules.
+def decode_strict(
+    body: bytes,
+    type_: type[T],
+    surrogate_replacement: bytes,
+    decode: Callable[[bytes], T] | None = None,
+) -> T:
+    """Decode `body` as `type_` with msgspec's strict rules (or with `decode`, which raises
+    msgspec's errors or a JobqError).
 
     Raises MalformedRequest (400) for an empty body or invalid JSON, InvalidInput (422, with a
     JSON pointer) for a value of the wrong type or out of bounds.
@@ -43,6 +52,8 @@ def decode_strict(body: bytes, type_: type[T], surrogate_replacement: bytes) -> 
     if b"\\u" in body or b"\\U" in body:
         body = repair_lone_surrogate_escapes(body, surrogate_replacement)
     try:
+        if decode is not None:
+            return decode(body)
         return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as exc:
         raise msgspec_error(str(exc)) from None
@@ -104,3 +115,20 @@ class ReportJSON(StrictJSON[T]):
     is always recordable."""
 
     surrogate_replacement: ClassVar[bytes] = b"\\ufffd"
+
+
+class SubmitJSON(StrictJSON[T]):
+    """`data_dto=SubmitJSON[SubmitJobRequest]` (or `EnqueueRequest`): like `StrictJSON`, with
+    the payload's byte span checked before the payload is decoded (413 for one over
+    PAYLOAD_MAX_BYTES, however it would decode)."""
+
+    def decode_bytes(self, value: bytes) -> T:
+        """The submit as the model type; raises MalformedRequest, InvalidInput or
+        PayloadTooLarge."""
+        model: Any = self.model_type
+        return decode_strict(
+            value,
+            self.model_type,
+            self.surrogate_replacement,
+            lambda body: decode_submit(body, model),
+        )

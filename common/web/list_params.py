@@ -9,7 +9,14 @@ from typing import Annotated, Any
 from litestar import Request
 from litestar.params import QueryParameter
 
-from common.contracts import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, NAME_PATTERN, JobStatus
+from common.contracts import (
+    LIST_LIMIT_DEFAULT,
+    LIST_LIMIT_MAX,
+    LIST_PAGE_MAX_BYTES,
+    NAME_PATTERN,
+    JobStatus,
+    ListView,
+)
 from common.web.query_params import unknown_parameters_error
 
 StatusFilter = Annotated[JobStatus | None, QueryParameter(description="Only jobs in this state.")]
@@ -27,7 +34,17 @@ Cursor = Annotated[
 Limit = Annotated[
     int,
     QueryParameter(
-        ge=1, le=LIST_LIMIT_MAX, description=f"Page size (default {LIST_LIMIT_DEFAULT})."
+        ge=1,
+        le=LIST_LIMIT_MAX,
+        description=f"Page size (default {LIST_LIMIT_DEFAULT}); a page also stops at "
+        f"{LIST_PAGE_MAX_BYTES} bytes of JSON (at least one job).",
+    ),
+]
+View = Annotated[
+    ListView,
+    QueryParameter(
+        description="`summary` (default): each job without `payload`, `errors` and `result`; "
+        "`full`: with them."
     ),
 ]
 
@@ -42,7 +59,7 @@ TenantScope = Annotated[
 """The queue service's tenant scope (docs/architecture.md#tenants), on every route that reads
 or changes jobs by id or filter."""
 
-LIST_PARAMETERS = frozenset({"status", "queue", "taskType", "cursor", "limit", "tenant"})
+LIST_PARAMETERS = frozenset({"status", "queue", "taskType", "cursor", "limit", "view", "tenant"})
 
 
 def refuse_unknown_parameters(

@@ -155,7 +155,7 @@ class QueueServiceClient:
     async def _post_batch(
         self, requests: list[EnqueueRequest], deadline: float
     ) -> BatchSubmitResponse:
-        body = BatchSubmitRequest(jobs=[msgspec.to_builtins(r) for r in requests])
+        body = BatchSubmitRequest(jobs=[msgspec.Raw(msgspec.json.encode(r)) for r in requests])
         reply = await self._call("POST", "/jobs/batch", body, deadline=deadline)
         return decode(reply, BatchSubmitResponse)
 

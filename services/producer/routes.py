@@ -30,7 +30,7 @@ from common.ids import new_job_id
 from common.validation import check_payload
 from common.web.access import ADMIN_ONLY, Caller
 from common.web.app import problems
-from common.web.bodies import StrictJSON
+from common.web.bodies import StrictJSON, SubmitJSON
 from common.web.list_params import (
     LIST_PARAMETERS,
     Cursor,
@@ -38,6 +38,7 @@ from common.web.list_params import (
     QueueFilter,
     StatusFilter,
     TaskTypeFilter,
+    View,
     refuse_unknown_parameters,
 )
 from services.producer.admission import Admission
@@ -70,7 +71,7 @@ class JobController(Controller):
     @post(
         "/",
         status_code=202,
-        dto=StrictJSON[SubmitJobRequest],
+        dto=SubmitJSON[SubmitJobRequest],
         summary="Submit a job",
         responses={
             200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
@@ -158,10 +159,13 @@ class JobController(Controller):
         task_type: TaskTypeFilter = None,
         cursor: Cursor = None,
         limit: Limit = LIST_LIMIT_DEFAULT,
+        view: View = "summary",
     ) -> JobList:
         """Filter by status (`DEAD_LETTER` lists the dead-letter queue), queue and task type;
         keyset pagination, stable while new jobs arrive. A tenant's admin lists its tenant's
-        jobs; an admin of `*`, every tenant's."""
+        jobs; an admin of `*`, every tenant's. Jobs come in the summary view (no payload,
+        errors or result) unless `view=full`; a page stops at `limit` jobs or 1 MiB of JSON
+        (at least one job), and `nextCursor` carries on."""
         refuse_unknown_parameters(request, PUBLIC_LIST_PARAMETERS)
         params: dict[str, str | int] = {"limit": limit}
         wanted: tuple[tuple[str, object], ...] = (
@@ -169,6 +173,8 @@ class JobController(Controller):
             ("queue", queue),
             ("taskType", task_type),
             ("cursor", cursor),
+            # Sent only when asked for: a queue service of the previous release knows no view.
+            ("view", None if view == "summary" else view),
             ("tenant", producer.caller.scope),
         )
         for name, value in wanted:

@@ -22,7 +22,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import asyncpg
@@ -34,6 +34,7 @@ from common.contracts import (
     ErrorEntry,
     JobStatus,
     JobView,
+    ListedJob,
 )
 from common.drivers import AsyncpgExecutor
 from common.enqueue import WAKEUP_CHANNEL, Existing, Inserted, JobRow
@@ -145,6 +146,89 @@ def _to_view(row: asyncpg.Record) -> JobView:
         claimed_at=row["claimed_at"],
         finished_at=row["finished_at"],
         cancel_requested=row["cancel_requested"],
+    )
+
+
+def _to_listed(row: asyncpg.Record, full: bool) -> ListedJob:
+    listed = ListedJob(
+        id=row["id"],
+        tenant=row["tenant"],
+        queue=row["queue"],
+        task_type=row["task_type"],
+        status=JobStatus(row["status"]),
+        priority=row["priority"],
+        attempts=row["attempts"],
+        releases=row["releases"],
+        max_attempts=row["max_attempts"],
+        timeout_seconds=row["timeout_seconds"],
+        last_error=row["last_error"],
+        idempotency_key=row["idempotency_key"],
+        locked_by=row["locked_by"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        visible_at=row["visible_at"],
+        claimed_at=row["claimed_at"],
+        finished_at=row["finished_at"],
+        cancel_requested=row["cancel_requested"],
+    )
+    if full:
+        listed.payload = row["payload"]
+        listed.errors = msgspec.convert(row["errors"] or [], list[ErrorEntry], strict=False)
+        listed.result = row["result"]
+    return listed
+
+
+_SUMMARY_COLUMNS = (
+    "id, tenant, queue, task_type, status, priority, attempts, releases, max_attempts, "
+    "timeout_seconds, last_error, idempotency_key, locked_by, created_at, updated_at, "
+    "visible_at, claimed_at, finished_at, cancel_requested"
+)
+
+_LONGEST_TIME = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+_LONGEST_SUMMARY = ListedJob(
+    id=uuid.UUID(int=0),
+    tenant="",
+    queue="",
+    task_type="",
+    status=JobStatus.DEAD_LETTER,
+    priority=-1000,
+    attempts=INT_MAX,
+    releases=INT_MAX,
+    max_attempts=100,
+    timeout_seconds=43_200,
+    last_error=None,
+    idempotency_key=None,
+    locked_by=None,
+    created_at=_LONGEST_TIME,
+    updated_at=_LONGEST_TIME,
+    visible_at=_LONGEST_TIME,
+    claimed_at=_LONGEST_TIME,
+    finished_at=_LONGEST_TIME,
+    cancel_requested=False,
+)
+_SUMMARY_BYTES = len(msgspec.json.encode(_LONGEST_SUMMARY)) + 1
+"""JSON bytes of a listed job's fixed part at its longest (plus the comma between items); a
+row's variable parts are measured in SQL (`_listed_bytes`)."""
+
+_FULL_BYTES = _SUMMARY_BYTES + len(b',"payload":,"errors":,"result":')
+
+
+def _listed_bytes(full: bool) -> str:
+    """SQL for an upper bound of one row's JSON in a listing: the fixed part, plus its texts as
+    JSON strings (`to_json` escapes as msgspec does) and, for the full view, its jsonb
+    columns as text (jsonb's text has a space after each separator, so it is never shorter
+    than msgspec's JSON of the same value)."""
+    summary = (
+        "octet_length(tenant) + octet_length(queue) + octet_length(task_type)"
+        " + COALESCE(octet_length(to_json(last_error)::text), 0)"
+        " + COALESCE(octet_length(to_json(idempotency_key)::text), 0)"
+        " + COALESCE(octet_length(to_json(locked_by)::text), 0)"
+    )
+    if not full:
+        return f"{_SUMMARY_BYTES} + {summary}"
+    return (
+        f"{_FULL_BYTES} + {summary} + octet_length(payload::text)"
+        " + octet_length(errors::text) + COALESCE(octet_length(result::text), 4)"
     )
 
 
@@ -1019,13 +1103,18 @@ class JobRepository:
         before: uuid.UUID | None,
         limit: int,
         tenant: str | None = None,
-    ) -> list[JobView]:
-        """Jobs matching the filters with id < `before` (keyset), newest first, at most `limit`;
-        with a `tenant`, that tenant's only.
+        full: bool = False,
+        max_bytes: int,
+    ) -> tuple[list[ListedJob], bool]:
+        """Jobs matching the filters with id < `before` (keyset), newest first, at most `limit`
+        and at most `max_bytes` of JSON (at least one job); with a `tenant`, that tenant's
+        only; with `full`, with their payload, errors and result. Returns them and whether
+        the byte bound left out jobs within `limit`.
 
         Only the given filters enter the statement, so each combination gets its own plan
         (ix_job_status_id, ix_job_queue_id, ix_job_tenant_id or the primary key, walked
-        backwards).
+        backwards). The cut is made in the statement, so no more than one page's bytes leave
+        PostgreSQL however large the jobs are.
         """
         conditions: list[str] = []
         args: list[Any] = []
@@ -1042,9 +1131,24 @@ class JobRepository:
                 operator = "" if column.endswith("<") else " ="
                 conditions.append(f"{column}{operator} ${len(args)}")
         where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
-        args.append(limit)
-        statement = f"SELECT {_JOB_COLUMNS} FROM job {where} ORDER BY id DESC LIMIT ${len(args)}"
-        return [_to_view(row) for row in await self._fetch(statement, *args)]
+        columns = _SUMMARY_COLUMNS + (", payload, errors, result" if full else "")
+        args += [limit, max_bytes]
+        limit_at, bytes_at = len(args) - 1, len(args)
+        # A running sum of each row's JSON size (an upper bound) keeps the prefix that fits;
+        # the first row always does. The big columns of rows past the cut are never sent.
+        statement = f"""
+SELECT {columns}, total FROM (
+    SELECT {columns}, count(*) OVER () AS total, row_number() OVER w AS n,
+           sum(bytes) OVER w AS running
+    FROM (SELECT {columns}, {_listed_bytes(full)} AS bytes FROM job {where}
+          ORDER BY id DESC LIMIT ${limit_at}) AS page
+    WINDOW w AS (ORDER BY id DESC ROWS UNBOUNDED PRECEDING)
+) AS sized
+WHERE n = 1 OR running <= ${bytes_at}
+ORDER BY id DESC"""
+        rows = await self._fetch(statement, *args)
+        cut = bool(rows) and rows[0]["total"] > len(rows)
+        return [_to_listed(row, full) for row in rows], cut
 
     async def depth(self) -> list[DepthRow]:
         """Counts of live and dead-lettered jobs per (queue, status)."""

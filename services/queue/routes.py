@@ -51,7 +51,7 @@ from common.contracts import (
 )
 from common.errors import JobqError
 from common.web.app import problems
-from common.web.bodies import ReportJSON, StrictJSON
+from common.web.bodies import ReportJSON, StrictJSON, SubmitJSON
 from common.web.list_params import (
     Cursor,
     Limit,
@@ -59,6 +59,7 @@ from common.web.list_params import (
     StatusFilter,
     TaskTypeFilter,
     TenantScope,
+    View,
     refuse_unknown_parameters,
 )
 from services.queue.depth import DepthCache
@@ -86,7 +87,7 @@ class JobController(Controller):
     @post(
         "/",
         status_code=202,
-        dto=StrictJSON[EnqueueRequest],
+        dto=SubmitJSON[EnqueueRequest],
         summary="Create a job (or replay a submit)",
         responses={
             200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
@@ -178,10 +179,12 @@ class JobController(Controller):
         task_type: TaskTypeFilter = None,
         cursor: Cursor = None,
         limit: Limit = LIST_LIMIT_DEFAULT,
+        view: View = "summary",
         tenant: TenantScope = None,
     ) -> JobList:
         """Filter by status (`DEAD_LETTER` lists the dead-letter queue), queue, task type and
-        tenant; keyset pagination by id, stable while new jobs arrive."""
+        tenant; keyset pagination by id, stable while new jobs arrive. Jobs come in the
+        summary view unless `view=full`; a page stops at `limit` jobs or 1 MiB of JSON."""
         refuse_unknown_parameters(request)
         return await service.list_jobs(
             status=status,
@@ -190,6 +193,7 @@ class JobController(Controller):
             cursor=cursor,
             limit=limit,
             tenant=tenant,
+            view=view,
         )
 
     @get("/{job_id:uuid}", summary="Read a job", responses=problems(404))

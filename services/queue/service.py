@@ -17,10 +17,13 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
+
 from common.coalesce import Coalescer
 from common.contracts import (
     BATCH_MAX,
     ERROR_MAX_BYTES,
+    LIST_PAGE_MAX_BYTES,
     REDRIVE_BATCH,
     RESULT_MAX_BYTES,
     AckEntry,
@@ -37,6 +40,7 @@ from common.contracts import (
     JobList,
     JobStatus,
     JobView,
+    ListView,
     QueuesResponse,
 )
 from common.enqueue import JobRow, Submitted, insert_jobs, job_row
@@ -68,6 +72,9 @@ from services.queue.settings import QueueSettings
 from services.queue.wakeup import WakeupHub
 
 logger = logging.getLogger(__name__)
+
+_PAGE_FRAME_BYTES = len(msgspec.json.encode(JobList(items=[], next_cursor=str(uuid.UUID(int=0)))))
+"""JSON bytes of a listing page around its jobs."""
 
 
 def _outcome(status: JobStatus) -> str:
@@ -207,18 +214,24 @@ class QueueService:
         cursor: uuid.UUID | None,
         limit: int,
         tenant: str | None = None,
+        view: ListView = "summary",
     ) -> JobList:
-        """One page of jobs, newest first; `cursor` is the previous page's `next_cursor`;
-        with a `tenant`, that tenant's jobs only."""
-        items = await self._repository.list_jobs(
+        """One page of jobs, newest first, in the `view` asked for; `cursor` is the previous
+        page's `next_cursor`; with a `tenant`, that tenant's jobs only. The page holds at most
+        `limit` jobs and LIST_PAGE_MAX_BYTES of JSON (at least one job); `next_cursor` is
+        set when it is full either way."""
+        items, cut = await self._repository.list_jobs(
             status=status,
             queue=queue,
             task_type=task_type,
             before=cursor,
             limit=limit,
             tenant=tenant,
+            full=view == "full",
+            max_bytes=LIST_PAGE_MAX_BYTES - _PAGE_FRAME_BYTES,
         )
-        next_cursor = str(items[-1].id) if len(items) == limit else None
+        full = cut or len(items) == limit
+        next_cursor = str(items[-1].id) if items and full else None
         return JobList(items=items, next_cursor=next_cursor)
 
     async def claim(

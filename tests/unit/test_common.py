@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.contracts import SubmitJobRequest
+from common import validation
+from common.contracts import PAYLOAD_MAX_BYTES, EnqueueRequest, SubmitJobRequest
 from common.errors import (
     InvalidInput,
     JobqError,
@@ -20,7 +23,7 @@ from common.hashing import request_hash
 from common.ids import new_job_id
 from common.metrics import OTHER, BoundedLabel
 from common.text import sanitize_result, sanitize_text
-from common.validation import check_payload, json_pointer
+from common.validation import check_payload, decode_submit, json_pointer
 from common.web.settings import parse_duration
 
 
@@ -178,3 +181,63 @@ def test_client_side_validation_matches_the_producer() -> None:
     with pytest.raises(InvalidInput) as wrong_type:
         build_request("noop", {}, priority="5")  # type: ignore[arg-type]
     assert wrong_type.value.errors[0]["pointer"] == "/priority"
+
+
+def test_decode_submit_refuses_an_oversized_payload_without_decoding_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    decoded_as: list[Any] = []
+
+    class Spy:
+        def __init__(self, decoder: msgspec.json.Decoder[Any]) -> None:
+            self.decoder = decoder
+
+        def decode(self, data: Any) -> Any:
+            decoded_as.append(self.decoder.type)
+            return self.decoder.decode(data)
+
+    monkeypatch.setattr(validation, "_PAYLOAD", Spy(validation._PAYLOAD))
+    spanned = validation._spanned(SubmitJobRequest)
+    spies: dict[type[Any], Any] = {SubmitJobRequest: Spy(spanned)}
+    monkeypatch.setattr(validation, "_SPANNED", spies)
+    small_ints = b'{"a":[' + b"1," * (PAYLOAD_MAX_BYTES // 2) + b"1]}"
+    body = b'{"taskType":"noop","payload":' + small_ints + b',"priority":3}'
+
+    with pytest.raises(PayloadTooLarge) as refused:
+        decode_submit(body, SubmitJobRequest, "/jobs/7")
+
+    assert refused.value.errors == [
+        {"pointer": "/jobs/7/payload", "detail": f"at most {PAYLOAD_MAX_BYTES} bytes"}
+    ]
+    assert decoded_as == [spanned.type], "only the body, with its payload as a span"
+    twin: Any = spanned.type
+    assert msgspec.structs.fields(twin)[1].type is msgspec.Raw
+
+
+def test_decode_submit_keeps_every_field_and_its_bounds() -> None:
+    # Whitespace makes a body larger than any payload may be: the payload is then a span.
+    pad = b" " * PAYLOAD_MAX_BYTES
+    body = b'{"taskType":"x","payload":{"k":[1,2]},"queue":"q","jobId":null,"tenant":"acme"}'
+    expected = EnqueueRequest(task_type="x", payload={"k": [1, 2]}, queue="q", tenant="acme")
+    assert decode_submit(body, EnqueueRequest) == expected
+    assert decode_submit(body[:1] + pad + body[1:], EnqueueRequest) == expected
+    for prefix in (b"", pad):
+        with pytest.raises(msgspec.ValidationError, match=r"\$\.priority"):
+            decode_submit(
+                prefix + b'{"taskType":"x","payload":{},"priority":5000}', SubmitJobRequest
+            )
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.payload"):
+        decode_submit(b'{"taskType":"x","payload":[1]}', SubmitJobRequest)
+    with pytest.raises(InvalidInput) as not_an_object:
+        decode_submit(pad + b'{"taskType":"x","payload":[1]}', SubmitJobRequest, "/jobs/0")
+    assert not_an_object.value.errors[0]["pointer"] == "/jobs/0/payload"
+
+
+def test_sanitize_result_bounds_the_stored_form() -> None:
+    grows = [1e308] * 1000  # 6 KB of JSON, 310 KB as jsonb stores it
+    stub = sanitize_result(grows, 100_000)
+    assert stub["truncated"] is True and stub["bytes"] > 300_000
+    quotes = ['"' * 10_000]  # the preview's escaping doubles it
+    assert len(msgspec.json.encode(sanitize_result(quotes, 1000))) <= 1000
+    with pytest.raises(PayloadTooLarge, match="as stored"):
+        check_payload({"n": grows * 10})
