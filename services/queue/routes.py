@@ -208,7 +208,9 @@ class JobController(Controller):
         dto=ReportJSON[ClaimRequest],
         summary="Claim jobs (long poll)",
         responses={
-            204: ResponseSpec(None, description="No job arrived within waitSeconds"),
+            204: ResponseSpec(
+                None, description="No job arrived within waitSeconds (and no acks were carried)"
+            ),
             **problems(413, 415),
         },
     )
@@ -220,8 +222,9 @@ class JobController(Controller):
     ) -> Response[ClaimResponse | None]:
         """Claim up to `max` jobs; waits up to `waitSeconds` for one without holding a
         database connection. A client that disconnects while waiting gets nothing claimed.
-        `acks` completes finished jobs in the same statement as the first claim, before any
-        waiting; the reply carries an outcome per ack (200 even when no job arrived)."""
+        `acks` completes finished jobs in the same statement as the claim; a claim carrying
+        acks never waits, so its reply (200 with an outcome per ack, and the jobs found, if
+        any) comes as soon as the acks committed."""
         disconnected = asyncio.ensure_future(request.receive())
         try:
             jobs, acks = await service.claim(data, disconnected)

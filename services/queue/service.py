@@ -227,29 +227,26 @@ class QueueService:
         Returns the jobs claimed and one outcome per ack (as `ack_many`), as soon as at least
         one job is claimed; no jobs when none arrived in time, when the service is shutting
         down, or when the client went away (`disconnected` completed), in which case nothing is
-        claimed for it. The acks are committed before any waiting begins; only their answer
-        waits for the reply. Raises InvalidInput for repeated ack ids.
+        claimed for it. A claim carrying acks never waits: it answers as soon as the statement
+        that applied them committed, with the jobs it found or none, so a worker learns of the
+        commit at once (docs/architecture.md#claim). Raises InvalidInput for repeated ack ids.
         """
         visibility = request.visibility_timeout or self._settings.queue_visibility_timeout
-        acks: list[AckResult] = []
-        looked = False
         if request.acks:
             jobs, acks = await self._ack_and_claim(request, visibility)
-            if jobs:
-                return jobs, acks
-            looked = True
+            if not jobs:
+                self._metrics.empty_claims.inc()
+            return jobs, acks
         deadline = time.monotonic() + request.wait_seconds
         while True:
-            if not looked:
-                started = time.perf_counter()
-                jobs = await self._repository.claim(
-                    request.queues, request.worker, request.max, visibility
-                )
-                self._metrics.claim_duration.observe(time.perf_counter() - started)
-                if jobs:
-                    self._metrics.claim_batch_size.observe(len(jobs))
-                    return jobs, acks
-            looked = False
+            started = time.perf_counter()
+            jobs = await self._repository.claim(
+                request.queues, request.worker, request.max, visibility
+            )
+            self._metrics.claim_duration.observe(time.perf_counter() - started)
+            if jobs:
+                self._metrics.claim_batch_size.observe(len(jobs))
+                return jobs, []
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._shutdown.is_set():
                 break
@@ -262,7 +259,7 @@ class QueueService:
             if self._shutdown.is_set() or (disconnected is not None and disconnected.done()):
                 break
         self._metrics.empty_claims.inc()
-        return [], acks
+        return [], []
 
     async def _ack_and_claim(
         self, request: ClaimRequest, visibility: int
