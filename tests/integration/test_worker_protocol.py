@@ -134,20 +134,22 @@ async def test_the_settle_sample_is_observed_when_the_carried_ack_commits(
 
     processors.register("noop", instant)
     settings = WorkerSettings(worker_wait_seconds=20, worker_concurrency=4)
-    async with serving(create_app(QueueSettings(database_url=clean_database))) as http:
-        async with ServiceClient(str(http.base_url)) as service_client:
-            worker = Worker(settings, QueueClient(service_client, "w1"), processors, metrics)
-            shutdown = asyncio.Event()
-            running = asyncio.create_task(worker.run(shutdown))
-            created = await repository.insert(new_job())
-            assert created is not None
-            hub.job_id = created.id
-            try:
-                # Set by the first long-poll wait that begins after the ack committed.
-                await asyncio.wait_for(hub.after_commit.wait(), 60)
-            finally:
-                shutdown.set()
-                await running
+    async with (
+        serving(create_app(QueueSettings(database_url=clean_database))) as http,
+        ServiceClient(str(http.base_url)) as service_client,
+    ):
+        worker = Worker(settings, QueueClient(service_client, "w1"), processors, metrics)
+        shutdown = asyncio.Event()
+        running = asyncio.create_task(worker.run(shutdown))
+        created = await repository.insert(new_job())
+        assert created is not None
+        hub.job_id = created.id
+        try:
+            # Set by the first long-poll wait that begins after the ack committed.
+            await asyncio.wait_for(hub.after_commit.wait(), 60)
+        finally:
+            shutdown.set()
+            await running
 
     assert hub.late == [], "the worker learned of its ack's commit only after a long poll"
     assert samples() == 1
