@@ -144,6 +144,30 @@ async def test_a_forward_whose_reply_never_comes_is_outcome_unknown_with_the_job
     assert await _count(repository) == 1
 
 
+async def test_a_batch_whose_reply_never_comes_lists_the_ids_of_what_it_forwarded(
+    queue_port: int, repository: JobRepository
+) -> None:
+    relay = Relay(queue_port)
+    relay.replies.clear()
+    entries = [{**JOB, "idempotencyKey": "b-0"}, {"taskType": "noop", "payload": [1]}, JOB]
+    async with relay.running() as url:
+        settings = ProducerSettings(queue_service_url=url, producer_forward_timeout=0.5)
+        async with serving(create_producer(settings)) as producer:
+            reply = await producer.post("/jobs/batch", json={"jobs": entries})
+            relay.replies.set()
+
+            assert reply.status_code == 504
+            problem = reply.json()
+            assert problem["type"] == "urn:jobq:problem:outcome-unknown"
+            listed = problem["jobs"]
+            assert [job["index"] for job in listed] == [0, 2], "the invalid entry was not sent"
+            assert listed[0]["idempotencyKey"] == "b-0" and "idempotencyKey" not in listed[1]
+            for job in listed:
+                assert (await producer.get(f"/jobs/{job['jobId']}")).status_code == 200
+
+    assert await _count(repository) == 2
+
+
 async def test_a_forward_arriving_after_its_deadline_creates_no_job(
     queue_port: int, repository: JobRepository
 ) -> None:
