@@ -201,6 +201,8 @@ class Client:
         except _NOT_SENT as exc:
             raise ServiceUnavailable(f"jobq unreachable: {type(exc).__name__}") from exc
         except httpx.TransportError as exc:
+            if method == "GET":
+                raise ServiceUnavailable(f"jobq did not answer: {type(exc).__name__}") from exc
             raise OutcomeUnknown(
                 f"jobq did not answer: {type(exc).__name__}; the request may have been applied"
             ) from exc

@@ -94,14 +94,20 @@ class QueueServiceClient:
         *,
         deadline: float,
         params: dict[str, str | int] | None = None,
-        carry_deadline: bool = False,
+        submit: bool = False,
     ) -> Reply:
         """`ServiceClient.call`, with the queue service's refusal of our own credentials
-        turned into UpstreamMisconfigured."""
+        turned into UpstreamMisconfigured. A `submit` carries its deadline and may raise
+        OutcomeUnknown; any other call not answered in time is ServiceUnavailable, as a read,
+        a cancel or a retry is safe to send again and has no id to give."""
         try:
             return await self._http.call(
-                method, path, body, deadline=deadline, params=params, carry_deadline=carry_deadline
+                method, path, body, deadline=deadline, params=params, carry_deadline=submit
             )
+        except OutcomeUnknown as exc:
+            if submit:
+                raise
+            raise ServiceUnavailable("the queue service did not answer in time; retry") from exc
         except (Unauthorized, Forbidden) as exc:
             logger.error(
                 "the queue service refused the producer's credentials (%s): check "
@@ -176,9 +182,7 @@ class QueueServiceClient:
         self, requests: list[EnqueueRequest], deadline: float
     ) -> BatchSubmitResponse:
         body = BatchSubmitRequest(jobs=[msgspec.to_builtins(r) for r in requests])
-        reply = await self._call(
-            "POST", "/jobs/batch", body, deadline=deadline, carry_deadline=True
-        )
+        reply = await self._call("POST", "/jobs/batch", body, deadline=deadline, submit=True)
         return decode(reply, BatchSubmitResponse)
 
     async def list_jobs(self, params: dict[str, str | int]) -> JobList:

@@ -135,6 +135,8 @@ async def test_a_forward_whose_reply_never_comes_is_outcome_unknown_with_the_job
             assert problem["idempotencyKey"] == "order-7"
             job_id = uuid.UUID(problem["jobId"])
             assert reply.headers["content-type"].startswith("application/problem+json")
+            unanswered_read = await producer.get(f"/jobs/{job_id}")
+            assert unanswered_read.status_code == 503, "a read has no outcome to be unsure of"
 
             relay.replies.set()
             found = await producer.get(f"/jobs/{job_id}")
