@@ -141,11 +141,22 @@ class RateLimited(JobqError):
 
 
 class ServiceUnavailable(JobqError):
-    """A dependency (the queue service, PostgreSQL) cannot be reached right now (503)."""
+    """A dependency (the queue service, PostgreSQL) cannot be reached right now (503).
+    `retry_after`: the seconds a reply's `Retry-After` asked for, when a client read one."""
 
     status = 503
     slug = "service-unavailable"
     title = "Service unavailable"
+
+    def __init__(
+        self,
+        detail: str = "",
+        *,
+        errors: list[dict[str, str]] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(detail, errors=errors)
+        self.retry_after = retry_after
 
 
 class UpstreamMisconfigured(ServiceUnavailable):
@@ -154,6 +165,57 @@ class UpstreamMisconfigured(ServiceUnavailable):
 
     slug = "upstream-misconfigured"
     title = "Upstream misconfigured"
+
+
+class DeadlineExceeded(ServiceUnavailable):
+    """The caller's deadline (`X-Jobq-Deadline`) had passed before the work began (503): the
+    caller has given up, so nothing was done; retrying is safe."""
+
+    slug = "deadline-exceeded"
+    title = "Deadline exceeded"
+
+
+class OutcomeUnknown(ServiceUnavailable):
+    """A request was sent but its answer never came (504): it timed out while the upstream
+    held it, or the reply was lost. It may have been applied.
+
+    For a submit the producer gives the job id it minted (`job_id`, the problem's `jobId`) and
+    the idempotency key if any (`idempotency_key`, `idempotencyKey`); for a batch, `jobs`
+    (`[{"index", "jobId", "idempotencyKey"?}]`, the entries that were forwarded). `GET
+    /jobs/{jobId}` tells whether the job exists; only a retry with the same idempotency key is
+    sure not to create a second one (docs/architecture.md#idempotency).
+    """
+
+    status = 504
+    slug = "outcome-unknown"
+    title = "Outcome unknown"
+
+    def __init__(
+        self,
+        detail: str = "",
+        *,
+        errors: list[dict[str, str]] | None = None,
+        retry_after: float | None = None,
+        job_id: str | None = None,
+        idempotency_key: str | None = None,
+        jobs: list[dict[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(detail, errors=errors, retry_after=retry_after)
+        self.job_id = job_id
+        self.idempotency_key = idempotency_key
+        self.jobs = jobs
+
+    def to_problem(self, instance: str | None = None) -> dict[str, Any]:
+        """The RFC 9457 body with the extension members `jobId`, `idempotencyKey` (when set)
+        and `jobs` (a batch's forwarded entries)."""
+        body = super().to_problem(instance)
+        if self.job_id is not None:
+            body["jobId"] = self.job_id
+        if self.idempotency_key is not None:
+            body["idempotencyKey"] = self.idempotency_key
+        if self.jobs is not None:
+            body["jobs"] = self.jobs
+        return body
 
 
 _BY_SLUG: dict[str, type[JobqError]] = {
@@ -172,6 +234,8 @@ _BY_SLUG: dict[str, type[JobqError]] = {
         RateLimited,
         ServiceUnavailable,
         UpstreamMisconfigured,
+        DeadlineExceeded,
+        OutcomeUnknown,
     )
 }
 
@@ -187,7 +251,8 @@ _BY_STATUS: dict[int, type[JobqError]] = {
     429: RateLimited,
     502: ServiceUnavailable,
     503: ServiceUnavailable,
-    504: ServiceUnavailable,
+    # A gateway's timeout: the request may have been applied upstream.
+    504: OutcomeUnknown,
 }
 
 
@@ -203,8 +268,24 @@ def from_problem(body: Any, status: int) -> JobqError:
         detail = str(body.get("detail", ""))
         errors = body.get("errors") if isinstance(body.get("errors"), list) else None
         cls = _BY_SLUG.get(slug) or _BY_STATUS.get(status)
+        if cls is OutcomeUnknown:
+            return _outcome_unknown(body, detail, errors)
         if cls is not None:
             return cls(detail, errors=errors)
         return JobqError(f"HTTP {status}: {detail or body.get('title', '')}")
     cls = _BY_STATUS.get(status)
     return cls() if cls is not None else JobqError(f"HTTP {status}")
+
+
+def _outcome_unknown(
+    body: dict[str, Any], detail: str, errors: list[dict[str, str]] | None
+) -> OutcomeUnknown:
+    """OutcomeUnknown with the extension members its body carries (ignored when malformed)."""
+    job_id, key, jobs = body.get("jobId"), body.get("idempotencyKey"), body.get("jobs")
+    return OutcomeUnknown(
+        detail,
+        errors=errors,
+        job_id=job_id if isinstance(job_id, str) else None,
+        idempotency_key=key if isinstance(key, str) else None,
+        jobs=jobs if isinstance(jobs, list) else None,
+    )

@@ -1,7 +1,15 @@
-"""`Client`: a small synchronous client for the producer API, built on `httpx.Client`."""
+"""`Client`: a small synchronous client for the producer API, built on `httpx.Client`.
+
+Submits never duplicate through the client's own retries: every submit carries an idempotency
+key (the caller's, or one minted per submit), and a submit answered 503, 504 or cut off is sent
+again with that same key, so a retry of one that was in fact created is a replay
+(docs/architecture.md#idempotency).
+"""
 
 from __future__ import annotations
 
+import random
+import time
 import uuid
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
@@ -22,27 +30,53 @@ from common.contracts import (
     SubmitJobRequest,
     SubmitJobResponse,
 )
-from common.errors import JobqError, ServiceUnavailable, from_problem
+from common.errors import (
+    JobqError,
+    OutcomeUnknown,
+    ServiceUnavailable,
+    UpstreamMisconfigured,
+    from_problem,
+)
 from jobq.request import SubmitOptions, build_request
 
 T = TypeVar("T")
 
+_RETRY_PAUSE = 0.5
+"""Seconds before a submit's first retry (full jitter, doubling per retry)."""
+_RETRY_PAUSE_MAX = 10.0
+"""Seconds a submit waits before a retry at most, whatever `Retry-After` says."""
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""Transport failures that happen before a request leaves: it cannot have been applied."""
 _CLOSED_UNANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 """What httpx raises when the server closed the connection instead of answering."""
+
+
+def minted_key() -> str:
+    """A fresh idempotency key for one submit (`jobq-client-<uuid4>`, 48 characters)."""
+    return f"jobq-client-{uuid.uuid4()}"
+
+
+def _retryable(exc: JobqError) -> bool:
+    # 503s and 504s (the producer or the queue service could not answer now) and transport
+    # failures; a misconfigured deployment will not heal by asking again.
+    return isinstance(exc, ServiceUnavailable) and not isinstance(exc, UpstreamMisconfigured)
 
 
 class Client:
     """Talk to a jobq producer: `Client("http://127.0.0.1:8080", api_key=…)`.
 
-    Requests that fail to connect are retried by httpx's transport (`retries`). A request
-    whose connection the server closed before any response arrived (an idle keep-alive
-    connection closing just as it was sent) is sent once more on a fresh connection when that
-    is safe: reads, and submits whose every job carries an idempotency key (RFC 9110 §9.2.2:
-    only idempotent requests may be retried automatically). Idle connections are given up
-    after `common.contracts.CLIENT_IDLE_SECONDS`, before the producer closes them. Every method
-    raises the `jobq.errors` class the producer answered with (InvalidInput,
-    IdempotencyConflict, JobNotFound, Unauthorized, ServiceUnavailable, …). Timeouts are in
-    seconds. Use it as a context manager, or call `close()`.
+    Requests that fail to connect are retried by httpx's transport (`retries`). Submits carry
+    an idempotency key (minted when the caller gives none) and are sent again, with the same
+    key, up to `submit_retries` times when answered 503 or 504 or cut off, after a jittered
+    pause (0.5 s doubling, or the `Retry-After` given, at most 10 s). A read whose connection
+    the server closed before any response arrived (an idle keep-alive connection closing just
+    as it was sent) is sent once more at once on a fresh connection (RFC 9110 §9.2.2: only
+    idempotent requests are retried automatically); idle connections are given up after
+    `common.contracts.CLIENT_IDLE_SECONDS`, before the producer closes them. Every method
+    raises the `jobq.errors` class the producer answered with (InvalidInput, IdempotencyConflict,
+    JobNotFound, Unauthorized, ServiceUnavailable, …); a submit whose outcome stayed unknown
+    raises OutcomeUnknown (its `idempotency_key`, and `job_id` when the producer gave one).
+    Timeouts are in seconds. Use it as a context manager, or call `close()`.
     """
 
     def __init__(
@@ -52,8 +86,10 @@ class Client:
         api_key: str | None = None,
         timeout: float = 10.0,
         retries: int = 2,
+        submit_retries: int = 3,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        self._submit_retries = submit_retries
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
             base_url=base_url,
@@ -84,16 +120,47 @@ class Client:
         self, task_type: str, payload: dict[str, Any], **options: Unpack[SubmitOptions]
     ) -> SubmitJobResponse:
         """Submit one job; a replay (same idempotency key and request) returns the same job.
-        Bad input raises InvalidInput/PayloadTooLarge before anything is sent."""
+
+        Without an `idempotency_key` one is minted for this submit, so the client's own
+        retries are replays. Bad input raises InvalidInput/PayloadTooLarge before anything is
+        sent; OutcomeUnknown when the job may or may not exist after the last retry."""
+        if options.get("idempotency_key") is None:
+            options["idempotency_key"] = minted_key()
         request = build_request(task_type, payload, **options)
-        replayable = request.idempotency_key is not None
-        return self._call("POST", "/jobs", SubmitJobResponse, request, replayable=replayable)
+        return self._submit("/jobs", SubmitJobResponse, request, request.idempotency_key)
 
     def submit_batch(self, requests: list[SubmitJobRequest]) -> BatchSubmitResponse:
-        """Submit up to 500 jobs; each gets its own result (202, 200, 409, 413 or 422)."""
-        body = BatchSubmitRequest(jobs=[msgspec.Raw(msgspec.json.encode(r)) for r in requests])
-        replayable = all(r.idempotency_key is not None for r in requests)
-        return self._call("POST", "/jobs/batch", BatchSubmitResponse, body, replayable=replayable)
+        """Submit up to 500 jobs; each gets its own result (202, 200, 409, 413 or 422).
+
+        Entries without an idempotency key get one minted, so a retried batch replays the
+        entries already created; retried like `submit`."""
+        keyed = [
+            r
+            if r.idempotency_key is not None
+            else msgspec.structs.replace(r, idempotency_key=minted_key())
+            for r in requests
+        ]
+        body = BatchSubmitRequest(jobs=[msgspec.Raw(msgspec.json.encode(r)) for r in keyed])
+        return self._submit("/jobs/batch", BatchSubmitResponse, body, None)
+
+    def _submit(self, path: str, type_: type[T], body: Any, key: str | None) -> T:
+        """POST a submit, retried with the same body (so the same keys) while it is answered
+        503/504 or cut off; OutcomeUnknown at the end if any attempt may have been applied."""
+        uncertain: OutcomeUnknown | None = None
+        for attempt in range(self._submit_retries + 1):
+            try:
+                return self._call("POST", path, type_, body)
+            except JobqError as exc:
+                if not _retryable(exc):
+                    raise
+                if isinstance(exc, OutcomeUnknown):
+                    uncertain = exc
+                if attempt == self._submit_retries:
+                    if uncertain is not None:
+                        raise _unknown(uncertain, key) from exc
+                    raise
+                time.sleep(_pause(attempt, exc))
+        raise AssertionError("unreachable")
 
     def get(self, job_id: uuid.UUID | str) -> JobView:
         """The job's current view."""
@@ -140,33 +207,61 @@ class Client:
         type_: type[T],
         body: Any = None,
         params: dict[str, Any] | None = None,
-        *,
-        replayable: bool | None = None,
     ) -> T:
-        """Send one request and decode its reply; `replayable` (default: reads only) says
-        whether it may be sent again after its connection closed without an answer."""
         content = None if body is None else msgspec.json.encode(body)
         headers = {"Content-Type": "application/json"} if content is not None else None
-        again = method == "GET" if replayable is None else replayable
-        while True:
+        try:
             try:
                 response = self._http.request(
                     method, path, content=content, headers=headers, params=params
                 )
-                break
-            except _CLOSED_UNANSWERED as exc:
-                if not again:
-                    raise ServiceUnavailable(f"jobq unreachable: {type(exc).__name__}") from exc
-                again = False
-            except httpx.TransportError as exc:
-                raise ServiceUnavailable(f"jobq unreachable: {type(exc).__name__}") from exc
+            except _CLOSED_UNANSWERED:
+                if method != "GET":
+                    raise
+                response = self._http.request(method, path, params=params)
+        except _NOT_SENT as exc:
+            raise ServiceUnavailable(f"jobq unreachable: {type(exc).__name__}") from exc
+        except httpx.TransportError as exc:
+            if method == "GET":
+                raise ServiceUnavailable(f"jobq did not answer: {type(exc).__name__}") from exc
+            raise OutcomeUnknown(
+                f"jobq did not answer: {type(exc).__name__}; the request may have been applied"
+            ) from exc
         if not response.is_success:
             try:
                 problem = response.json()
             except ValueError:
                 problem = None
-            raise from_problem(problem, response.status_code)
+            error = from_problem(problem, response.status_code)
+            if isinstance(error, ServiceUnavailable):
+                error.retry_after = _seconds(response.headers.get("Retry-After"))
+            raise error
         try:
             return msgspec.json.decode(response.content, type=type_)
         except msgspec.DecodeError as exc:
             raise JobqError(f"unexpected reply from {path}: {exc}") from exc
+
+
+def _pause(attempt: int, exc: JobqError) -> float:
+    """Seconds before retry number `attempt + 1`: the `Retry-After` given, else full jitter
+    over 0.5 s doubling per retry (AWS Architecture Blog, *Exponential Backoff And Jitter*),
+    at most 10 s either way."""
+    after = exc.retry_after if isinstance(exc, ServiceUnavailable) else None
+    if after is not None and after > 0:
+        return min(after, _RETRY_PAUSE_MAX)
+    return random.uniform(0, min(_RETRY_PAUSE * 2**attempt, _RETRY_PAUSE_MAX))
+
+
+def _unknown(exc: OutcomeUnknown, key: str | None) -> OutcomeUnknown:
+    """`exc` with the submit's idempotency key, for the caller to retry or look up with."""
+    if exc.idempotency_key is None:
+        exc.idempotency_key = key
+    return exc
+
+
+def _seconds(value: str | None) -> float | None:
+    """A numeric `Retry-After` in seconds (an HTTP-date is ignored)."""
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None

@@ -10,6 +10,7 @@ only the `jobq` namespace (its copy of the pure core is the private `jobq._core`
 from __future__ import annotations
 
 from common.errors import (
+    DeadlineExceeded,
     Forbidden,
     IdempotencyConflict,
     InvalidInput,
@@ -17,6 +18,7 @@ from common.errors import (
     JobNotFound,
     JobqError,
     MalformedRequest,
+    OutcomeUnknown,
     PayloadTooLarge,
     RateLimited,
     ServiceUnavailable,
@@ -26,6 +28,7 @@ from common.errors import (
 )
 
 __all__ = [
+    "DeadlineExceeded",
     "Forbidden",
     "IdempotencyConflict",
     "InvalidInput",
@@ -33,6 +36,7 @@ __all__ = [
     "JobNotFound",
     "JobqError",
     "MalformedRequest",
+    "OutcomeUnknown",
     "PayloadTooLarge",
     "RateLimited",
     "ServiceUnavailable",

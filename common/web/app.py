@@ -282,6 +282,25 @@ class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
     errors: list[ProblemError] | None = None
 
 
+class ForwardedJob(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
+    """A batch entry whose forward's outcome is unknown: its index, the job id minted for it,
+    its idempotency key if it had one."""
+
+    index: int
+    job_id: str
+    idempotency_key: str | None = None
+
+
+class OutcomeUnknownProblem(Problem, kw_only=True, omit_defaults=True, rename="camel"):
+    """`urn:jobq:problem:outcome-unknown` (504): the submit was forwarded and no answer came,
+    so the job may exist. `jobId` (a single submit) or `jobs` (a batch) says which ids to
+    `GET`; retry only with the same idempotency key."""
+
+    job_id: str | None = None
+    idempotency_key: str | None = None
+    jobs: list[ForwardedJob] | None = None
+
+
 _PROBLEM_DESCRIPTIONS = {
     400: "Malformed or empty body, or bad framing",
     401: "Missing or unknown bearer token (when access keys are configured)",
@@ -293,6 +312,7 @@ _PROBLEM_DESCRIPTIONS = {
     422: "A bound was broken; `errors` points at each bad input",
     429: "The tenant's rate is used up; retry after Retry-After seconds",
     503: "A dependency is unavailable; retry after Retry-After seconds",
+    504: "Outcome unknown: forwarded, not answered in time; `jobId` (or `jobs`) says what to GET",
 }
 ALWAYS = (400, 401, 422, 503)
 """Problems any route may answer."""
@@ -302,7 +322,7 @@ def problems(*statuses: int) -> dict[int, ResponseSpec]:
     """OpenAPI responses for problem details: the `ALWAYS` set plus `statuses`."""
     return {
         status: ResponseSpec(
-            Problem,
+            OutcomeUnknownProblem if status == 504 else Problem,
             description=_PROBLEM_DESCRIPTIONS[status],
             media_type=PROBLEM_JSON,
             generate_examples=False,

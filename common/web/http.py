@@ -6,10 +6,12 @@ httpx pool re-checks every pooled connection on each request, which made a worke
 slots slower than one with 16; see docs/architecture.md#performance).
 
 Every call has one total deadline, covering the wait for a pooled connection, connecting,
-sending and reading; a call that cannot finish in time is ServiceUnavailable. Every jobq call
-is safe to repeat (submits carry their job id, settles are fenced and idempotent), so a call
-whose pooled connection turns out to be dead, or whose connection attempt is refused, is sent
-again within that deadline. Idle pooled connections are given up after
+sending and reading; a call that cannot finish in time is ServiceUnavailable, or OutcomeUnknown
+once its request was sent (the service may have applied it). A call may carry its deadline to
+the service (`X-Jobq-Deadline`), which then refuses to begin work its caller gave up on. Every
+jobq call is safe to repeat (submits carry their job id, settles are fenced and idempotent),
+so a call whose pooled connection turns out to be dead, or whose connection attempt is
+refused, is sent again within that deadline. Idle pooled connections are given up after
 `common.contracts.CLIENT_IDLE_SECONDS`, well before a jobq server closes them, so a request is
 not sent on a connection that is being closed.
 """
@@ -19,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -27,7 +31,13 @@ import aiohttp
 import msgspec
 
 from common.contracts import CLIENT_IDLE_SECONDS
-from common.errors import JobqError, ServiceUnavailable, from_problem
+from common.errors import (
+    InvalidInput,
+    JobqError,
+    OutcomeUnknown,
+    ServiceUnavailable,
+    from_problem,
+)
 from common.web.pools import PoolMetrics
 
 T = TypeVar("T")
@@ -40,6 +50,43 @@ _CONNECT_TIMEOUT = 3.0
 """Seconds one TCP connection attempt may take."""
 _RETRY_PAUSE = 0.1
 """Seconds before sending again after a refused connection (doubling per attempt)."""
+DEADLINE_HEADER = "X-Jobq-Deadline"
+"""The caller's deadline, in seconds since the Unix epoch (a decimal number): an absolute time,
+so a request that sat in a stopped server's socket still reads as late when it is finally
+read (a relative budget would start afresh). Services' clocks must agree (NTP)."""
+
+
+def parse_deadline(value: str | None) -> float | None:
+    """The `X-Jobq-Deadline` header's epoch time (None when absent). Raises InvalidInput
+    (pointer `header:X-Jobq-Deadline`) unless it is a plain positive decimal number."""
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        deadline = float(text)
+    except ValueError:
+        deadline = math.nan
+    if not text.replace(".", "", 1).isdigit() or not (0 < deadline < math.inf):
+        raise InvalidInput(
+            f"{DEADLINE_HEADER} must be a positive number of seconds since the Unix epoch",
+            errors=[{"pointer": f"header:{DEADLINE_HEADER}", "detail": "not an epoch time"}],
+        )
+    return deadline
+
+
+class _Delivery:
+    """Whether any attempt of one call sent its request (set by aiohttp's tracing)."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = False
+
+
+async def _headers_sent(_: Any, context: Any, __: Any) -> None:
+    delivery = context.trace_request_ctx
+    if isinstance(delivery, _Delivery):
+        delivery.sent = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +130,10 @@ class ServiceClient:
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
+            tracing = aiohttp.TraceConfig()
+            tracing.on_request_headers_sent.append(_headers_sent)
             self._session = aiohttp.ClientSession(
+                trace_configs=[tracing],
                 connector=aiohttp.TCPConnector(
                     limit=self._max_connections,
                     use_dns_cache=True,
@@ -120,31 +170,37 @@ class ServiceClient:
         *,
         deadline: float | None = None,
         params: dict[str, str | int] | None = None,
+        carry_deadline: bool = False,
     ) -> Reply:
         """Send one request (body encoded with msgspec) and return its 2xx reply.
 
         `deadline` (seconds, default the client's timeout) bounds the whole call, retries
-        included.
-        Raises the `JobqError` a problem-details reply describes, and ServiceUnavailable when
-        the service cannot be reached or does not answer in time.
+        included; with `carry_deadline` it is sent along as `X-Jobq-Deadline` (an epoch time).
+        Raises the `JobqError` a problem-details reply describes; ServiceUnavailable when
+        the service cannot be reached or does not answer in time before the request was sent;
+        OutcomeUnknown when it was sent and no answer came (timed out, or the connection
+        closed before the reply), since the service may have applied it.
         """
         session = self._open()
         content = None if body is None else msgspec.json.encode(body)
         url = self.base_url + path
         attempt = 0
+        budget = self._timeout if deadline is None else deadline
+        headers = dict(_JSON) if content is not None else {}
+        if carry_deadline:
+            headers[DEADLINE_HEADER] = f"{time.time() + budget:.3f}"
+        delivery = _Delivery()
         try:
-            async with (
-                asyncio.timeout(self._timeout if deadline is None else deadline),
-                self._slot(),
-            ):
+            async with asyncio.timeout(budget), self._slot():
                 while True:
                     try:
                         async with session.request(
                             method,
                             url,
                             data=content,
-                            headers=_JSON if content is not None else None,
+                            headers=headers or None,
                             params=params,
+                            trace_request_ctx=delivery,
                         ) as response:
                             data = await response.read()
                             status = response.status
@@ -165,6 +221,10 @@ class ServiceClient:
                 type(exc).__name__,
                 extra={"event": "upstream_unavailable"},
             )
+            if delivery.sent:
+                raise OutcomeUnknown(
+                    "a jobq service did not answer a request it received; it may have been applied"
+                ) from exc
             raise ServiceUnavailable("a jobq service is unreachable; retry shortly") from exc
         if 200 <= status < 300:
             return Reply(status, data, url)

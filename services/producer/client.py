@@ -31,6 +31,7 @@ from common.contracts import (
 from common.errors import (
     Forbidden,
     JobqError,
+    OutcomeUnknown,
     ServiceUnavailable,
     Unauthorized,
     UpstreamMisconfigured,
@@ -63,8 +64,11 @@ class QueueServiceClient:
     slow queue service is ServiceUnavailable (503 with Retry-After to the caller), and a queue
     service refusing the producer's own token (`QUEUE_INTERNAL_TOKEN` wrong or missing) is
     UpstreamMisconfigured (503 "upstream misconfigured", logged at ERROR): the caller's request
-    was fine and must not see the queue service's 401. `timeout` (seconds) is the total
-    deadline of one forward.
+    was fine and must not see the queue service's 401. A submit sent but not answered (timed
+    out while the queue service held it, or its reply lost) is OutcomeUnknown (504) with the
+    job id minted for it, since it may have been created. Submits carry their deadline
+    (`X-Jobq-Deadline`), so the queue service does not begin one its caller gave up on.
+    `timeout` (seconds) is the total deadline of one forward.
     """
 
     def __init__(self, http: ServiceClient, timeout: float) -> None:
@@ -90,11 +94,20 @@ class QueueServiceClient:
         *,
         deadline: float,
         params: dict[str, str | int] | None = None,
+        submit: bool = False,
     ) -> Reply:
         """`ServiceClient.call`, with the queue service's refusal of our own credentials
-        turned into UpstreamMisconfigured."""
+        turned into UpstreamMisconfigured. A `submit` carries its deadline and may raise
+        OutcomeUnknown; any other call not answered in time is ServiceUnavailable, as a read,
+        a cancel or a retry is safe to send again and has no id to give."""
         try:
-            return await self._http.call(method, path, body, deadline=deadline, params=params)
+            return await self._http.call(
+                method, path, body, deadline=deadline, params=params, carry_deadline=submit
+            )
+        except OutcomeUnknown as exc:
+            if submit:
+                raise
+            raise ServiceUnavailable("the queue service did not answer in time; retry") from exc
         except (Unauthorized, Forbidden) as exc:
             logger.error(
                 "the queue service refused the producer's credentials (%s): check "
@@ -124,12 +137,22 @@ class QueueServiceClient:
         """Create the job (or replay it), group-committed with concurrent submits; returns the
         reply and whether it was created (202). `payload_bytes` is the payload's JSON size.
 
-        Raises what the queue service answered for this entry (IdempotencyConflict, …), and
-        ServiceUnavailable when no answer came within the forward timeout (waiting for a
-        place in a forward included: each forward's deadline is its oldest entry's).
+        Raises what the queue service answered for this entry (IdempotencyConflict, …);
+        ServiceUnavailable when the forward could not be sent within the forward timeout
+        (waiting for a place in a forward included: each forward's deadline is its oldest
+        entry's), or the queue service refused it; OutcomeUnknown (with `request.job_id` and
+        its idempotency key) when it was sent and no answer came in time.
         """
         forward = _Forward(request, payload_bytes, time.monotonic() + self._timeout)
-        result = await self._submits.submit(forward)
+        try:
+            result = await self._submits.submit(forward)
+        except OutcomeUnknown as exc:
+            raise OutcomeUnknown(
+                "the queue service did not answer in time, so the job may or may not have been "
+                "created: GET /jobs/{jobId} to find out, or retry with the same idempotency key",
+                job_id=str(request.job_id),
+                idempotency_key=request.idempotency_key,
+            ) from exc
         if result.job_id is None or result.job_status is None:
             raise from_problem(result.error, result.status)
         return SubmitJobResponse(job_id=result.job_id, status=result.job_status), (
@@ -149,14 +172,17 @@ class QueueServiceClient:
 
     async def submit_batch(self, requests: list[EnqueueRequest]) -> BatchSubmitResponse:
         """Create many jobs in one call; results are indexed by position in `requests`. A
-        client's batch may be large (8 MiB), so it gets twice the forward timeout."""
+        client's batch may be large (8 MiB), so it gets twice the forward timeout.
+
+        Raises OutcomeUnknown (without ids: the caller knows them) when it was sent and not
+        answered in time."""
         return await self._post_batch(requests, self._timeout * 2)
 
     async def _post_batch(
         self, requests: list[EnqueueRequest], deadline: float
     ) -> BatchSubmitResponse:
         body = BatchSubmitRequest(jobs=[msgspec.Raw(msgspec.json.encode(r)) for r in requests])
-        reply = await self._call("POST", "/jobs/batch", body, deadline=deadline)
+        reply = await self._call("POST", "/jobs/batch", body, deadline=deadline, submit=True)
         return decode(reply, BatchSubmitResponse)
 
     async def list_jobs(self, params: dict[str, str | int]) -> JobList:

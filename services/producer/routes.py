@@ -25,7 +25,7 @@ from common.contracts import (
     SubmitJobRequest,
     SubmitJobResponse,
 )
-from common.errors import JobqError
+from common.errors import JobqError, OutcomeUnknown
 from common.ids import new_job_id
 from common.validation import check_payload
 from common.web.access import ADMIN_ONLY, Caller
@@ -58,6 +58,9 @@ class Producer:
 RATE_LIMITED = 429
 """Any public route may answer it (docs/architecture.md#rate-limits)."""
 
+OUTCOME_UNKNOWN = 504
+"""A submit forwarded but not answered in time (docs/architecture.md#idempotency)."""
+
 PUBLIC_LIST_PARAMETERS = LIST_PARAMETERS - {"tenant"}
 """The public listing has no tenant parameter: the key decides."""
 
@@ -75,7 +78,7 @@ class JobController(Controller):
         summary="Submit a job",
         responses={
             200: ResponseSpec(SubmitJobResponse, description="Replay of an earlier submit"),
-            **problems(409, 413, 415, RATE_LIMITED),
+            **problems(409, 413, 415, RATE_LIMITED, OUTCOME_UNKNOWN),
         },
     )
     async def submit(
@@ -86,7 +89,8 @@ class JobController(Controller):
         """Validate the job and hand it to the queue service (group-committed with concurrent
         submits; the reply comes after the insert committed). The caller's tenant owns it.
 
-        The job id is minted here, once, so a retried forward is a replay, never a duplicate.
+        The job id is minted here, once, so a retried forward is a replay, never a duplicate,
+        and a forward whose answer never came is answered 504 `outcome-unknown` with that id.
         """
         size = check_payload(data.payload)
         await producer.admission.admit_jobs(producer.caller, 1)
@@ -106,7 +110,7 @@ class JobController(Controller):
         status_code=200,
         summary="Submit up to 500 jobs",
         dto=StrictJSON[BatchSubmitRequest],
-        responses=problems(413, 415, RATE_LIMITED),
+        responses=problems(413, 415, RATE_LIMITED, OUTCOME_UNKNOWN),
     )
     async def submit_batch(
         self,
@@ -116,7 +120,8 @@ class JobController(Controller):
         """Each entry is validated on its own and answered in order: 202 created, 200 replay
         (also a key repeated within the batch), 409, 413, 422 or 429 with problem details.
         Every entry counts against the tenant's job rate: a batch that does not fit in what
-        is left of it is refused whole with 429."""
+        is left of it is refused whole with 429. A forward whose answer never came is 504
+        `outcome-unknown`, listing the id minted for each forwarded entry (`jobs`)."""
         await producer.admission.admit_jobs(producer.caller, len(data.jobs))
         decoded: list[SubmitJobRequest | JobqError] = []
         for index, candidate in enumerate(decode_entries(data.jobs, SubmitJobRequest)):
@@ -139,7 +144,23 @@ class JobController(Controller):
                 )
                 for request in valid
             ]
-            reply = await producer.queue.submit_batch(forwarded)
+            try:
+                reply = await producer.queue.submit_batch(forwarded)
+            except OutcomeUnknown as exc:
+                raise OutcomeUnknown(
+                    "the queue service did not answer in time, so these jobs may or may not "
+                    "have been created: GET /jobs/{jobId} to find out, or retry with the same "
+                    "idempotency keys",
+                    jobs=[
+                        {"index": index, "jobId": str(request.job_id)}
+                        | (
+                            {"idempotencyKey": request.idempotency_key}
+                            if request.idempotency_key
+                            else {}
+                        )
+                        for index, request in zip(indexes, forwarded, strict=True)
+                    ],
+                ) from exc
             for entry in reply.results:
                 results.append(msgspec.structs.replace(entry, index=indexes[entry.index]))
         return BatchSubmitResponse(results=sorted(results, key=lambda r: r.index))

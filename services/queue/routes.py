@@ -11,14 +11,14 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, MediaType, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, HeaderParameter, JSONBody
 
 from common.batch import decode_entries, entry_result, split_valid
 from common.contracts import (
@@ -52,6 +52,7 @@ from common.contracts import (
 from common.errors import JobqError
 from common.web.app import problems
 from common.web.bodies import ReportJSON, StrictJSON, SubmitJSON
+from common.web.http import DEADLINE_HEADER, parse_deadline
 from common.web.list_params import (
     Cursor,
     Limit,
@@ -65,6 +66,17 @@ from common.web.list_params import (
 from services.queue.depth import DepthCache
 from services.queue.repository import Claimed
 from services.queue.service import QueueService
+
+Deadline = Annotated[
+    str | None,
+    HeaderParameter(
+        name=DEADLINE_HEADER,
+        description="The caller's deadline, seconds since the Unix epoch (e.g. `1764620000.5`):"
+        " a submit arriving after it is refused (503 deadline-exceeded) before anything is "
+        "inserted.",
+    ),
+]
+"""`X-Jobq-Deadline`, checked by `parse_deadline` at the boundary (422 unless an epoch time)."""
 
 
 class _ClaimReply(msgspec.Struct, omit_defaults=True):
@@ -95,10 +107,14 @@ class JobController(Controller):
         },
     )
     async def submit(
-        self, data: JSONBody[EnqueueRequest], service: NamedDependency[QueueService]
+        self,
+        data: JSONBody[EnqueueRequest],
+        service: NamedDependency[QueueService],
+        deadline: Deadline = None,
     ) -> Response[SubmitJobResponse]:
-        """Create the job; `jobId`, when given, makes a retried forward a replay."""
-        submitted = await service.enqueue(data)
+        """Create the job; `jobId`, when given, makes a retried forward a replay. Refused
+        (DeadlineExceeded) when `X-Jobq-Deadline` passed before the insert began."""
+        submitted = await service.enqueue(data, deadline=parse_deadline(deadline))
         return Response(
             submitted.response,
             status_code=202 if submitted.created else 200,
@@ -113,14 +129,20 @@ class JobController(Controller):
         dto=StrictJSON[BatchSubmitRequest],
     )
     async def submit_batch(
-        self, data: JSONBody[BatchSubmitRequest], service: NamedDependency[QueueService]
+        self,
+        data: JSONBody[BatchSubmitRequest],
+        service: NamedDependency[QueueService],
+        deadline: Deadline = None,
     ) -> BatchSubmitResponse:
         """Each entry (an EnqueueRequest) is validated on its own; the valid ones are inserted
-        by one multi-row statement. Results come in request order."""
+        by one multi-row statement. Results come in request order. The whole batch is refused
+        (DeadlineExceeded) when `X-Jobq-Deadline` passed before the insert began."""
+        due = parse_deadline(deadline)
         decoded = decode_entries(data.jobs, EnqueueRequest)
         indexes, valid = split_valid(decoded)
         results = [entry_result(i, d) for i, d in enumerate(decoded) if isinstance(d, JobqError)]
-        for index, outcome in zip(indexes, await service.enqueue_many(valid), strict=True):
+        inserted = await service.enqueue_many(valid, deadline=due)
+        for index, outcome in zip(indexes, inserted, strict=True):
             if isinstance(outcome, JobqError):
                 results.append(entry_result(index, outcome))
             else:
@@ -212,7 +234,9 @@ class JobController(Controller):
         dto=ReportJSON[ClaimRequest],
         summary="Claim jobs (long poll)",
         responses={
-            204: ResponseSpec(None, description="No job arrived within waitSeconds"),
+            204: ResponseSpec(
+                None, description="No job arrived within waitSeconds (and no acks were carried)"
+            ),
             **problems(413, 415),
         },
     )
@@ -224,8 +248,9 @@ class JobController(Controller):
     ) -> Response[ClaimResponse | None]:
         """Claim up to `max` jobs; waits up to `waitSeconds` for one without holding a
         database connection. A client that disconnects while waiting gets nothing claimed.
-        `acks` completes finished jobs in the same statement as the first claim, before any
-        waiting; the reply carries an outcome per ack (200 even when no job arrived)."""
+        `acks` completes finished jobs in the same statement as the claim; a claim carrying
+        acks never waits, so its reply (200 with an outcome per ack, and the jobs found, if
+        any) comes as soon as the acks committed."""
         disconnected = asyncio.ensure_future(request.receive())
         try:
             jobs, acks = await service.claim(data, disconnected)

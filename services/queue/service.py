@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections import Counter
@@ -45,6 +46,7 @@ from common.contracts import (
 )
 from common.enqueue import JobRow, Submitted, insert_jobs, job_row
 from common.errors import (
+    DeadlineExceeded,
     InvalidInput,
     InvalidState,
     JobNotFound,
@@ -102,6 +104,17 @@ def _raise_for(job_id: uuid.UUID, handle: uuid.UUID, status: int) -> None:
         )
 
 
+_LATE = "the caller's deadline (X-Jobq-Deadline) passed before the work began; nothing was done"
+
+
+def _refuse_late(deadline: float | None) -> None:
+    """Raise DeadlineExceeded when the caller's `deadline` (epoch seconds, `X-Jobq-Deadline`)
+    has passed: the caller gave up, and work begun now could only surprise it (a job created
+    after the producer answered that it may not exist)."""
+    if deadline is not None and time.time() >= deadline:
+        raise DeadlineExceeded(_LATE)
+
+
 def _distinct_ids(ids: Sequence[uuid.UUID], pointer: str = "/entries") -> None:
     if len(set(ids)) != len(ids):
         raise InvalidInput(
@@ -132,7 +145,7 @@ class QueueService:
             settings.queue_retry_multiplier,
             settings.queue_retry_max_delay,
         )
-        self._submits: Coalescer[EnqueueRequest, Submitted] = Coalescer(
+        self._submits: Coalescer[tuple[EnqueueRequest, float], Submitted] = Coalescer(
             self._enqueue_batch, max_batch=BATCH_MAX, max_in_flight=2
         )
 
@@ -140,28 +153,49 @@ class QueueService:
         """Finish the group commits under way."""
         await self._submits.aclose()
 
-    async def enqueue(self, request: EnqueueRequest) -> Submitted:
+    async def enqueue(self, request: EnqueueRequest, *, deadline: float | None = None) -> Submitted:
         """Create one job, or recognise a replay of one created before (see `enqueue_many`).
 
         Concurrent calls are group-committed: they share one multi-row insert, and each gets
         its answer after that insert committed. Raises PayloadTooLarge/InvalidInput for a
         payload that cannot be stored, IdempotencyConflict when the key belongs to a
-        different request, ServiceUnavailable when the database is.
+        different request, ServiceUnavailable when the database is, DeadlineExceeded when
+        the caller's `deadline` (epoch seconds) passed before the insert began.
         """
         check_payload(request.payload)
-        return await self._submits.submit(request)
+        _refuse_late(deadline)
+        return await self._submits.submit((request, math.inf if deadline is None else deadline))
 
-    async def _enqueue_batch(self, requests: list[EnqueueRequest]) -> list[Submitted | JobqError]:
-        return await self.enqueue_many(requests, checked=True)
+    async def _enqueue_batch(
+        self, items: list[tuple[EnqueueRequest, float]]
+    ) -> list[Submitted | JobqError]:
+        # Callers whose deadline passed while they waited for a place in this insert are
+        # refused here, before it begins.
+        now = time.time()
+        outcomes: list[Submitted | JobqError] = [
+            DeadlineExceeded(_LATE) if deadline <= now else JobqError("no outcome")
+            for _, deadline in items
+        ]
+        live = [index for index, (_, deadline) in enumerate(items) if deadline > now]
+        inserted = await self.enqueue_many([items[i][0] for i in live], checked=True)
+        for index, outcome in zip(live, inserted, strict=True):
+            outcomes[index] = outcome
+        return outcomes
 
     async def enqueue_many(
-        self, requests: list[EnqueueRequest], *, checked: bool = False
+        self,
+        requests: list[EnqueueRequest],
+        *,
+        checked: bool = False,
+        deadline: float | None = None,
     ) -> list[Submitted | JobqError]:
         """Create jobs with one multi-row statement; one outcome per request, in order.
 
         Replays and conflicts are decided by `common.enqueue.insert_jobs` (the client
         library's path too). An unstorable payload is PayloadTooLarge or InvalidInput (not
-        checked again when the caller says the payloads are `checked`).
+        checked again when the caller says the payloads are `checked`). Raises
+        DeadlineExceeded, inserting nothing, when the caller's `deadline` (epoch seconds)
+        passed before the insert began.
         """
         outcomes: list[Submitted | JobqError | None] = [None] * len(requests)
         rows: dict[int, JobRow] = {}
@@ -175,6 +209,7 @@ class QueueService:
                     continue
             job_id = request.job_id or new_job_id()
             rows[index] = job_row(request, job_id, default_attempts, request.tenant)
+        _refuse_late(deadline)
         inserted = await insert_jobs(self._repository, list(rows.values()))
         counts: Counter[tuple[str, str, str]] = Counter()
         for (index, row), outcome in zip(rows.items(), inserted, strict=True):
@@ -243,29 +278,26 @@ class QueueService:
         Returns the jobs claimed and one outcome per ack (as `ack_many`), as soon as at least
         one job is claimed; no jobs when none arrived in time, when the service is shutting
         down, or when the client went away (`disconnected` completed), in which case nothing is
-        claimed for it. The acks are committed before any waiting begins; only their answer
-        waits for the reply. Raises InvalidInput for repeated ack ids.
+        claimed for it. A claim carrying acks never waits: it answers as soon as the statement
+        that applied them committed, with the jobs it found or none, so a worker learns of the
+        commit at once (docs/architecture.md#claim). Raises InvalidInput for repeated ack ids.
         """
         visibility = request.visibility_timeout or self._settings.queue_visibility_timeout
-        acks: list[AckResult] = []
-        looked = False
         if request.acks:
             jobs, acks = await self._ack_and_claim(request, visibility)
-            if jobs:
-                return jobs, acks
-            looked = True
+            if not jobs:
+                self._metrics.empty_claims.inc()
+            return jobs, acks
         deadline = time.monotonic() + request.wait_seconds
         while True:
-            if not looked:
-                started = time.perf_counter()
-                jobs = await self._repository.claim(
-                    request.queues, request.worker, request.max, visibility
-                )
-                self._metrics.claim_duration.observe(time.perf_counter() - started)
-                if jobs:
-                    self._metrics.claim_batch_size.observe(len(jobs))
-                    return jobs, acks
-            looked = False
+            started = time.perf_counter()
+            jobs = await self._repository.claim(
+                request.queues, request.worker, request.max, visibility
+            )
+            self._metrics.claim_duration.observe(time.perf_counter() - started)
+            if jobs:
+                self._metrics.claim_batch_size.observe(len(jobs))
+                return jobs, []
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._shutdown.is_set():
                 break
@@ -278,7 +310,7 @@ class QueueService:
             if self._shutdown.is_set() or (disconnected is not None and disconnected.done()):
                 break
         self._metrics.empty_claims.inc()
-        return [], acks
+        return [], []
 
     async def _ack_and_claim(
         self, request: ClaimRequest, visibility: int

@@ -26,7 +26,7 @@ class WorkerMetrics:
         )
         self.claim_to_settle = Histogram(
             "jobq_worker_claim_to_settle_seconds",
-            "Claim received to settle acknowledged.",
+            "Claim received to the settle confirmed committed by the queue service.",
             buckets=_JOB_BUCKETS,
             registry=registry,
         )

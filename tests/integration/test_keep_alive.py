@@ -133,11 +133,11 @@ def test_the_client_library_reads_again_on_a_fresh_connection(
     assert closing_server.requests == 3 and closing_server.connections == 2
 
 
-def test_the_client_library_resends_a_submit_only_with_an_idempotency_key() -> None:
+def test_the_client_library_resends_a_keyed_submit_but_not_a_cancel() -> None:
     reply = msgspec.json.encode(SubmitJobResponse(job_id=new_job_id(), status=JobStatus.PENDING))
     with ClosingServer(reply) as server, Client(server.url) as client:
         client.submit("noop", {}, idempotency_key="first")
-        client.submit("noop", {}, idempotency_key="second")
+        client.submit("noop", {})  # keyed too: the client mints one
         assert server.requests == 3 and server.connections == 2
         with pytest.raises(ServiceUnavailable):
             client.cancel(new_job_id())  # not replayable: the caller decides

@@ -1,5 +1,6 @@
-"""The producer answers 503 with Retry-After, in bounded time, when the queue service is down
-or hangs; it never leaves a caller waiting."""
+"""The producer answers in bounded time when the queue service is down (503 with Retry-After)
+or hangs (504 outcome-unknown with the job's id: the forward was sent); it never leaves a
+caller waiting."""
 
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ async def silent_port() -> AsyncIterator[int]:
     server.close()
 
 
-async def test_hung_queue_service_is_503_after_the_forward_timeout(silent_port: int) -> None:
+async def test_hung_queue_service_is_outcome_unknown_after_the_forward_timeout(
+    silent_port: int,
+) -> None:
     settings = ProducerSettings(
         queue_service_url=f"http://127.0.0.1:{silent_port}", producer_forward_timeout=1.0
     )
@@ -64,5 +67,7 @@ async def test_hung_queue_service_is_503_after_the_forward_timeout(silent_port: 
         reply = await producer.post("/jobs", json=JOB)
         elapsed = time.monotonic() - started
 
-    assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
+    assert reply.status_code == 504
+    assert reply.json()["type"] == "urn:jobq:problem:outcome-unknown"
+    assert reply.json()["jobId"], "the caller can look the job up"
     assert elapsed < 5, "the caller was kept waiting past the forward timeout"

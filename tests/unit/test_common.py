@@ -14,6 +14,7 @@ from common.contracts import PAYLOAD_MAX_BYTES, EnqueueRequest, SubmitJobRequest
 from common.errors import (
     InvalidInput,
     JobqError,
+    OutcomeUnknown,
     PayloadTooLarge,
     ServiceUnavailable,
     StaleReceiptHandle,
@@ -128,6 +129,19 @@ def test_problem_details_round_trip() -> None:
     assert type(unknown) is JobqError and "418" in str(unknown)
     assert type(from_problem("not json", 502)) is ServiceUnavailable
     assert type(from_problem({"type": "about:blank"}, 413)) is PayloadTooLarge
+
+
+def test_an_unknown_outcome_keeps_its_job_id_across_the_wire() -> None:
+    error = OutcomeUnknown("no answer", job_id="01a2", idempotency_key="order-7")
+    problem = error.to_problem("/jobs")
+    assert problem["type"] == "urn:jobq:problem:outcome-unknown" and problem["status"] == 504
+    rebuilt = from_problem(problem, 504)
+    assert isinstance(rebuilt, OutcomeUnknown) and isinstance(rebuilt, ServiceUnavailable)
+    assert (rebuilt.job_id, rebuilt.idempotency_key) == ("01a2", "order-7")
+    batch = OutcomeUnknown("no answer", jobs=[{"index": 0, "jobId": "01a2"}])
+    assert from_problem(batch.to_problem(), 504).jobs == [{"index": 0, "jobId": "01a2"}]  # type: ignore[attr-defined]
+    # A gateway's bare 504: the request may have been applied behind it.
+    assert type(from_problem(None, 504)) is OutcomeUnknown
 
 
 def test_msgspec_paths_become_json_pointers() -> None:
