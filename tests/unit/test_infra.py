@@ -129,3 +129,13 @@ def test_env_files_are_git_ignored_and_the_example_is_not() -> None:
         capture_output=True, text=True, check=False,
     ).stdout.split()  # fmt: skip
     assert ignored == [".env", "infra/.env", "clients/python/.env"]
+
+
+def test_make_keys_prints_the_keys_without_installing_anything() -> None:
+    """`eval "$(make -s keys)"` is the README's first step after `make run`: it must not
+    build the development environment to print three values (it did: `keys: install`)."""
+    planned = subprocess.run(
+        ["make", "-n", "-B", "keys"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert "pip" not in planned and ".venv" not in planned, planned
+    assert "infra.devkeys" in planned
