@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
+from benchmark.database import admin_execute
 from infra import devkeys
 from infra.stack import ROOT, LocalStack
 from services.queue.schedules import parse_schedules
@@ -194,8 +195,24 @@ def _unmet(expected: str | None, status: int, reply: Any) -> str | None:
 
 
 @pytest.fixture(scope="module")
+async def readme_database(postgres_base: str, template_database: str) -> AsyncIterator[str]:
+    """A database of its own, migrated and empty, as a newcomer's first `make run` has: the
+    examples count what they made (`"moved":1`), so nothing another test left may be there."""
+    name = f"jobq_readme_{os.getpid()}"
+    await admin_execute(
+        postgres_base,
+        f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
+        f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"',
+    )
+    try:
+        yield f"{postgres_base}/{name}"
+    finally:
+        await admin_execute(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
 async def readme_stack(
-    database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    readme_database: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[LocalStack]:
     """The processes `make run` starts, with its settings and development keys, and the
     README's processor module on the worker's PYTHONPATH (as the README says to put it)."""
@@ -207,7 +224,7 @@ async def readme_stack(
     (app / module[1]).write_text(register.code)
     keys = devkeys.load_or_create()
     stack = LocalStack(
-        database_url,
+        readme_database,
         redis_url,
         tmp_path_factory.mktemp("readme"),
         environment={
