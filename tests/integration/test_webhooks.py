@@ -18,6 +18,7 @@ import httpcore
 import pytest
 import trustme
 
+from infra.stack import free_port
 from jobq.processors import JobContext, NonRetryable, Retry
 from services.worker.processors.webhook import WebhookProcessor, webhook_client
 
@@ -205,3 +206,17 @@ async def test_allowed_hosts_may_name_one_port() -> None:
         with pytest.raises(NonRetryable, match="loopback"):
             await processor(job({"url": f"http://127.0.0.1:{other.port}/"}))
     assert other.hosts == []
+
+
+async def test_a_receiver_that_is_down_is_one_warning_not_one_per_attempt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens there
+    async with webhook_client(5.0) as http:
+        processor = WebhookProcessor(http, ["127.0.0.1"], 5.0)
+        with caplog.at_level(logging.WARNING, logger="services.worker.processors.webhook"):
+            for _ in range(20):
+                with pytest.raises(Retry, match="ConnectError"):
+                    await processor(job({"url": url}))
+    failed = [r for r in caplog.records if getattr(r, "event", "") == "webhook_failed"]
+    assert len(failed) == 1

@@ -46,6 +46,7 @@ from typing import Any, Final
 import httpcore
 import httpx
 
+from common.logging import RepeatedEvents
 from jobq.processors import JobContext, NonRetryable, Retry
 
 logger = logging.getLogger(__name__)
@@ -236,6 +237,7 @@ class WebhookProcessor:
         self._allowed_hosts = [AllowedHost.parse(entry) for entry in allowed_hosts]
         self._default_timeout = default_timeout
         self._resolve = resolver or resolve_host
+        self._failures = RepeatedEvents()
 
     async def __call__(self, job: JobContext) -> dict[str, Any]:
         """Deliver one attempt; returns `{"status": code}` or raises Retry / NonRetryable."""
@@ -282,7 +284,11 @@ class WebhookProcessor:
                     snippet = "" if 200 <= code < 300 else await _read_snippet(response)
         except httpx.TransportError as exc:
             # The driver's text may carry the address it connected to: logged, not stored.
-            logger.warning(
+            # Folded per destination: a receiver that is down fails every attempt of every job.
+            self._failures.log(
+                logger,
+                logging.WARNING,
+                f"{host}:{port}",
                 "webhook to %s:%d failed: %s: %s",
                 host,
                 port,
