@@ -38,6 +38,7 @@ from common.errors import (
     ServiceUnavailable,
     from_problem,
 )
+from common.logging import RepeatedEvents
 from common.web.pools import PoolMetrics
 
 T = TypeVar("T")
@@ -127,6 +128,7 @@ class ServiceClient:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._failures = RepeatedEvents()
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -214,7 +216,11 @@ class ServiceClient:
                         await asyncio.sleep(_RETRY_PAUSE * attempt)
         except (aiohttp.ClientError, TimeoutError) as exc:
             # The address stays in the log: a public caller of the producer must not learn it.
-            logger.warning(
+            # Folded per kind: while a service is down every call fails the same way.
+            self._failures.log(
+                logger,
+                logging.WARNING,
+                type(exc).__name__,
                 "%s %s failed: %s",
                 method,
                 url,

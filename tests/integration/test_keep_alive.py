@@ -11,6 +11,7 @@ connection and closes the connection, unanswered, when a second request arrives 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from common.errors import ServiceUnavailable
 from common.ids import new_job_id
 from common.web.http import ServiceClient
 from common.web.settings import HttpServiceSettings
+from infra.stack import free_port
 from jobq import Client
 
 LIST_REPLY = msgspec.json.encode(JobList(items=[], next_cursor=None))
@@ -172,3 +174,15 @@ async def test_the_service_pool_does_not_reuse_a_connection_idle_past_its_expiry
             await asyncio.sleep(CLIENT_IDLE_SECONDS + 0.5)
             await client.call("GET", "/jobs")
         assert server.connections == 2 and server.requests == 2
+
+
+async def test_a_service_that_is_down_is_one_warning_not_one_per_call(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="common.web.http")
+    async with ServiceClient(f"http://127.0.0.1:{free_port()}", connect_retries=0) as client:
+        for _ in range(10):
+            with pytest.raises(ServiceUnavailable):
+                await client.call("GET", "/jobs", deadline=2)
+    failed = [r for r in caplog.records if getattr(r, "event", "") == "upstream_unavailable"]
+    assert len(failed) == 1
