@@ -104,8 +104,11 @@ class ServiceClient:
 
     `token` is sent as `Authorization: Bearer <token>`; `timeout` (seconds) is the default
     total deadline of one call; `connect_retries` is how many times a refused or reset
-    connection is tried again within it; `max_connections` bounds the pool. Use it as an async
-    context manager, or call `aclose()`.
+    connection is tried again within it; `max_connections` bounds the pool. With
+    `track_delivery`, a call that fails after its request was sent is OutcomeUnknown rather
+    than ServiceUnavailable (aiohttp's request tracing tells; it costs every call a few
+    callbacks, so only callers that answer differently, the producer, turn it on). Use it as an
+    async context manager, or call `aclose()`.
     """
 
     def __init__(
@@ -117,8 +120,10 @@ class ServiceClient:
         connect_retries: int = 2,
         max_connections: int = QUEUE_SERVICE_CONNECTIONS,
         metrics: PoolMetrics | None = None,
+        track_delivery: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._track_delivery = track_delivery
         self._metrics = metrics
         # Calls take a slot before a connection, so waiting for the pool is visible (metrics)
         # and counted in the call's deadline.
@@ -135,7 +140,7 @@ class ServiceClient:
             tracing = aiohttp.TraceConfig()
             tracing.on_request_headers_sent.append(_headers_sent)
             self._session = aiohttp.ClientSession(
-                trace_configs=[tracing],
+                trace_configs=[tracing] if self._track_delivery else None,
                 connector=aiohttp.TCPConnector(
                     limit=self._max_connections,
                     use_dns_cache=True,

@@ -180,6 +180,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._disarm()
         super().on_message_complete()
+        if self.cycle is not None and not getattr(self.cycle, _CLOSE_ANNOUNCED, False):
+            # The whole body is in before any answer (the usual case): the response needs no
+            # announcement, so its sends skip the wrapper.
+            self.cycle.__dict__.pop("send", None)
 
     def on_response_complete(self) -> None:
         cycle = self.cycle

@@ -63,6 +63,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
             token=token.get_secret_value() if token else None,
             timeout=settings.producer_forward_timeout,
             metrics=pool_metrics,
+            track_delivery=True,  # a sent, unanswered submit is 504 outcome-unknown
         ) as http:
             client = QueueServiceClient(http, settings.producer_forward_timeout)
             app.state.queue = client
