@@ -123,6 +123,10 @@ k6: install ## k6 load run on a fresh local stack: [SCRIPT=submit|mixed|burst] [
 dashboard-snapshot: install tools ## k6 + Prometheus on a fresh stack; draw the dashboard into docs/dashboard.png
 	$(BIN)/python -m benchmark.dashboard_snapshot
 
+.PHONY: compose-test
+compose-test: ## infra/compose.yml on a real Docker engine (installs docker.io, Compose v2; ~10 min cold)
+	$(PYTHON) tests/compose/run.py
+
 .PHONY: check
 check: lint typecheck boundaries infra-check ## lint + typecheck + boundaries + infra-check
 

@@ -88,7 +88,7 @@ async def test_the_queue_service_stops_within_its_grace_when_the_database_vanish
         async with httpx.AsyncClient(base_url=stack.producer, timeout=30) as client:
             for _ in range(4):
                 reply = await client.post(
-                    "/jobs", json={"taskType": "sleep", "payload": {"seconds": 30}}
+                    "/jobs", json={"taskType": "sleep", "payload": {"ms": 30000}}
                 )
                 assert reply.status_code == 202, reply.text
         relay.vanish()
