@@ -79,6 +79,22 @@ async def ready(state: State) -> Response[dict[str, Any]]:
     )
 
 
+def _orphaned_resolution_quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Event-loop exception handler: a name lookup of the database host that finished (failed)
+    after the connect that asked for it was given up (its timeout, the shutdown deadline) is
+    one WARNING line, not an "exception was never retrieved" error with a traceback; anything
+    else goes to the default handler."""
+    error = context.get("exception")
+    if "never retrieved" in str(context.get("message", "")) and isinstance(error, OSError):
+        logger.warning(
+            "database connection attempt failed after it was given up: %s",
+            error,
+            extra={"event": "database_unavailable"},
+        )
+        return
+    loop.default_exception_handler(context)
+
+
 def create_app(settings: QueueSettings | None = None) -> Litestar:
     """Build the queue service. Resources (engine, Redis, LISTEN connection, background loops)
     are created in the lifespan and closed when the app stops."""
@@ -111,6 +127,8 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(_orphaned_resolution_quiet)
         dsn = plain_database_url(settings.database_url)
         pool = await create_pool(
             dsn, size=settings.queue_db_pool_size, server_settings=settings.session_limits()
