@@ -124,7 +124,7 @@ dashboard-snapshot: install tools ## k6 + Prometheus on a fresh stack; draw the 
 	$(BIN)/python -m benchmark.dashboard_snapshot
 
 .PHONY: compose-test
-compose-test: ## infra/compose.yml on a real Docker engine (installs docker.io, Compose v2; ~10 min cold)
+compose-test: ## infra/compose.yml on a real Docker engine (installs docker.io, Compose v2; ~9 min cold, ~4 warm)
 	$(PYTHON) tests/compose/run.py
 
 .PHONY: check
