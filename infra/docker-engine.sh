@@ -35,11 +35,16 @@ install_packages() {
     fi
     say "installing ${missing[*]} with apt-get"
     [ -n "$(ls -A /var/lib/apt/lists 2>/dev/null | grep -v lock)" ] || apt-get update -qq
-    # policy-rc.d: the packages must not start a system daemon of their own.
-    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    # policy-rc.d: the packages must not start a system daemon of their own (one already
+    # there is kept).
+    local policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        policy=/usr/sbin/policy-rc.d
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
+    fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null
-    rm -f /usr/sbin/policy-rc.d
+    [ -z "$policy" ] || rm -f "$policy"
 }
 
 install_compose() {

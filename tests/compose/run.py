@@ -385,7 +385,7 @@ def step_postgres() -> None:
 def step_down() -> None:
     """down -v within 10 s, nothing SIGKILLed, nothing left."""
     began = time.monotonic()
-    ids = compose("ps", "-aq").stdout.split()
+    ids = compose("ps", "-q").stdout.split()  # running now (not an earlier step's victim)
     compose("stop")
     killed = [
         c["Name"].lstrip("/")
@@ -427,6 +427,9 @@ def step_slow_start() -> None:
 
 def step_vanish() -> None:
     """PostgreSQL stopped first: the queue service still stops within its grace, cleanly."""
+    # The stack of the step before, or a fresh one (its own compose file only).
+    compose("up", "-d", "--scale", "worker=1", "--wait", "--wait-timeout", "180")
+    time.sleep(2.0)
     compose("stop", "postgres")
     time.sleep(2.0)  # the workers and the producer keep calling the queue service
     began = time.monotonic()
