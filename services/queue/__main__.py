@@ -19,7 +19,8 @@ def main() -> None:
     """Read settings from the environment, configure logging and serve until SIGTERM/SIGINT.
 
     On a signal, waiting claims answer 204 at once, in-flight requests get up to
-    `QUEUE_SHUTDOWN_GRACE` seconds, then the background loops and connections stop.
+    `QUEUE_SHUTDOWN_GRACE` seconds, then the background loops and connections stop; one
+    second after the grace the process leaves whatever is still running.
     """
     settings = load_settings(QueueSettings)
     configure_logging(settings.log_level, settings.log_format)
@@ -40,7 +41,7 @@ def main() -> None:
 
     def begin_shutdown() -> None:
         begin()
-        if not watchdog.is_alive():
+        if watchdog.ident is None:  # not started yet (a second signal calls this again)
             watchdog.start()
 
     app.state["begin_shutdown"] = begin_shutdown
