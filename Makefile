@@ -131,6 +131,10 @@ SNAPSHOT ?= .jobq/dashboard.png
 dashboard-snapshot: install tools ## k6 + Prometheus on a fresh stack; draw the dashboard into .jobq/dashboard.png [SNAPSHOT=…]
 	$(BIN)/python -m benchmark.dashboard_snapshot --output $(SNAPSHOT)
 
+.PHONY: compose-test
+compose-test: ## infra/compose.yml on a real Docker engine (installs docker.io, Compose v2; ~9 min cold, ~4 warm)
+	$(PYTHON) tests/compose/run.py
+
 .PHONY: check
 check: lint typecheck boundaries infra-check ## lint + typecheck + boundaries + infra-check
 

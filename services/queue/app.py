@@ -79,6 +79,22 @@ async def ready(state: State) -> Response[dict[str, Any]]:
     )
 
 
+def _orphaned_resolution_quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Event-loop exception handler: a name lookup of the database host that finished (failed)
+    after the connect that asked for it was given up (its timeout, the shutdown deadline) is
+    one WARNING line, not an "exception was never retrieved" error with a traceback; anything
+    else goes to the default handler."""
+    error = context.get("exception")
+    if "never retrieved" in str(context.get("message", "")) and isinstance(error, OSError):
+        logger.warning(
+            "database connection attempt failed after it was given up: %s",
+            error,
+            extra={"event": "database_unavailable"},
+        )
+        return
+    loop.default_exception_handler(context)
+
+
 def create_app(settings: QueueSettings | None = None) -> Litestar:
     """Build the queue service. Resources (engine, Redis, LISTEN connection, background loops)
     are created in the lifespan and closed when the app stops."""
@@ -90,13 +106,29 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
     # shutdown begins, before it waits for in-flight requests: waiting claims then end at once.
     shutdown = asyncio.Event()
     hub = WakeupHub()
+    repositories: list[JobRepository] = []
+    deadline: list[float] = []
+    """Event-loop time by which database work ends once a shutdown began (set once)."""
+
+    def bound_database_work() -> None:
+        if not deadline:
+            # Half a second of the drain is kept for the answers to be written.
+            budget = max(settings.queue_shutdown_grace - 0.5, 0.5)
+            deadline.append(asyncio.get_running_loop().time() + budget)
+        for repository in repositories:
+            repository.stop_waiting_at(deadline[0])
 
     def begin_shutdown() -> None:
         shutdown.set()
         hub.wake_all()
+        # Called from the server's signal handler: touch timers from the loop itself.
+        with contextlib.suppress(RuntimeError):  # no running loop (a test calling it)
+            asyncio.get_running_loop().call_soon_threadsafe(bound_database_work)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(_orphaned_resolution_quiet)
         dsn = plain_database_url(settings.database_url)
         pool = await create_pool(
             dsn, size=settings.queue_db_pool_size, server_settings=settings.session_limits()
@@ -110,6 +142,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         repository = JobRepository(
             pool, metrics=PoolMetrics(registry, "database", settings.queue_db_pool_size)
         )
+        repositories[:] = [repository]
         depth_cache = DepthCache(redis_client, ttl=settings.queue_depth_interval * 3)
         service = QueueService(repository, hub, settings, metrics, shutdown)
         reaper, scheduler = Reaper(repository, metrics), Scheduler(repository)
@@ -120,47 +153,82 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         app.state.update(
             pool=pool, service=service, depth_cache=depth_cache, head_revision=head_revision()
         )
+        loops: list[asyncio.Task[None]] = []
         try:
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(
-                    listen_forever(
-                        dsn,
-                        hub,
-                        shutdown,
-                        probe_interval=settings.queue_listen_probe_interval,
-                        probe_timeout=settings.queue_listen_probe_timeout,
-                        reconnected=lambda reason: metrics.listener_reconnects.labels(reason).inc(),
+                loops.append(
+                    tasks.create_task(
+                        listen_forever(
+                            dsn,
+                            hub,
+                            shutdown,
+                            probe_interval=settings.queue_listen_probe_interval,
+                            probe_timeout=settings.queue_listen_probe_timeout,
+                            reconnected=lambda reason: metrics.listener_reconnects.labels(
+                                reason
+                            ).inc(),
+                        )
                     )
                 )
-                tasks.create_task(
-                    every("reaper", settings.queue_reaper_interval, reaper.sweep, shutdown)
-                )
-                tasks.create_task(
-                    every(
-                        "scheduler", settings.queue_scheduler_interval, scheduler.promote, shutdown
+                loops.append(
+                    tasks.create_task(
+                        every("reaper", settings.queue_reaper_interval, reaper.sweep, shutdown)
                     )
                 )
-                tasks.create_task(
-                    every("recurring", settings.queue_schedule_interval, recurring.tick, shutdown)
+                loops.append(
+                    tasks.create_task(
+                        every(
+                            "scheduler",
+                            settings.queue_scheduler_interval,
+                            scheduler.promote,
+                            shutdown,
+                        )
+                    )
                 )
-                tasks.create_task(
-                    every("retention", settings.queue_retention_interval, retention.purge, shutdown)
+                loops.append(
+                    tasks.create_task(
+                        every(
+                            "recurring", settings.queue_schedule_interval, recurring.tick, shutdown
+                        )
+                    )
                 )
-                tasks.create_task(
-                    every(
-                        "depth",
-                        settings.queue_depth_interval,
-                        lambda: refresh_depth(repository, depth_cache, metrics),
-                        shutdown,
+                loops.append(
+                    tasks.create_task(
+                        every(
+                            "retention",
+                            settings.queue_retention_interval,
+                            retention.purge,
+                            shutdown,
+                        )
+                    )
+                )
+                loops.append(
+                    tasks.create_task(
+                        every(
+                            "depth",
+                            settings.queue_depth_interval,
+                            lambda: refresh_depth(repository, depth_cache, metrics),
+                            shutdown,
+                        )
                     )
                 )
                 try:
                     yield
                 finally:
                     begin_shutdown()
+                    bound_database_work()
                     await service.aclose()
+                    # The loops end at their next check of `shutdown`; one stuck where the
+                    # deadline does not reach (the LISTEN connection's connect) is cancelled.
+                    remaining = max(deadline[0] - asyncio.get_running_loop().time(), 1.0)
+                    _, stuck = await asyncio.wait(loops, timeout=remaining)
+                    for task in stuck:
+                        task.cancel()
         finally:
-            await pool.close()
+            try:
+                await asyncio.wait_for(pool.close(), timeout=2.0)
+            except TimeoutError:
+                pool.terminate()
             if redis_client is not None:
                 await redis_client.aclose()
 

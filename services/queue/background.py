@@ -65,12 +65,11 @@ class Reaper:
         while True:
             reaped = await self._repository.reap_expired(BATCH)
             for job in reaped:
-                queue = self._metrics.queue_label(job.queue)
+                queue, task = self._metrics.seed(job.queue, job.task_type)
                 self._metrics.lease_expired.labels(queue).inc()
                 extra = {"event": "lease_expired", "job_id": str(job.id), "status": job.status}
                 # Folded per queue: a crashed worker expires its whole batch of leases.
                 if job.status is JobStatus.DEAD_LETTER:
-                    task = self._metrics.task_label(job.task_type)
                     self._metrics.processed.labels(queue, task, "dead_letter").inc()
                     self._repeats.log(
                         logger,

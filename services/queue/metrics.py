@@ -14,6 +14,11 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 _END_TO_END_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100)
 
+OUTCOMES = ("success", "retry", "dead_letter", "cancelled")
+"""Values of `jobq_processed`'s outcome label."""
+RELEASE_REASONS = ("shutdown", "requested", "client_gone")
+"""Values of `jobq_released`'s reason label."""
+
 
 class QueueMetrics:
     """Every queue-service metric; one instance per app, registered on `registry`."""
@@ -34,6 +39,8 @@ class QueueMetrics:
         self.queue_label = BoundedLabel(label_limit, reserve=label_limit)
         self.task_label = BoundedLabel(label_limit)
         self.tenant_label = BoundedLabel(label_limit)
+        self._seeded_queues: set[str] = set()
+        self._seeded_pairs: set[tuple[str, str]] = set()
         self.jobs = Gauge(
             "jobq_jobs",
             "Jobs per queue and status, from the database.",
@@ -145,11 +152,44 @@ class QueueMetrics:
                 registry=registry,
             )
 
+    def seed_queue(self, queue: str) -> str:
+        """Return `queue`'s label (`queue_label`), first creating at 0 every per-queue counter
+        series of that label: `jobq_lease_expired` and `jobq_released` for every reason.
+
+        A labelled counter series otherwise appears at its first increment, and `increase()`
+        or `rate()` sees no rise in a series' first sample: the first burst of lease expiries
+        after a start would leave `JobqLeaseExpiriesSpiking` quiet (issue 25 item 2). Seeding
+        makes the series exist at 0 as soon as the queue is known (its first job, its first
+        depth reading), before anything counts in it.
+        """
+        label = self.queue_label(queue)
+        self._seed_queue_label(label)
+        return label
+
+    def _seed_queue_label(self, label: str) -> None:
+        if label not in self._seeded_queues:
+            self._seeded_queues.add(label)
+            self.lease_expired.labels(label)
+            for reason in RELEASE_REASONS:
+                self.released.labels(label, reason)
+
+    def seed(self, queue: str, task_type: str) -> tuple[str, str]:
+        """Return the (queue, task type) labels of a job, first creating at 0 the queue's
+        series (`seed_queue`) and `jobq_processed` for the pair and every outcome, so the
+        first retries or dead letters of a pair are a rise the error-ratio alert and the
+        dashboard see (issue 25 item 2)."""
+        pair = (self.seed_queue(queue), self.task_label(task_type))
+        if pair not in self._seeded_pairs:
+            self._seeded_pairs.add(pair)
+            for outcome in OUTCOMES:
+                self.processed.labels(*pair, outcome)
+        return pair
+
     def count_enqueued(self, queue: str, task_type: str, tenant: str, count: int = 1) -> None:
-        """Count `count` jobs created in `queue` of `task_type`, owned by `tenant`."""
-        self.enqueued.labels(
-            self.queue_label(queue), self.task_label(task_type), self.tenant_label(tenant)
-        ).inc(count)
+        """Count `count` jobs created in `queue` of `task_type`, owned by `tenant` (seeding the
+        pair's other counters, `seed`)."""
+        queue_label, task_label = self.seed(queue, task_type)
+        self.enqueued.labels(queue_label, task_label, self.tenant_label(tenant)).inc(count)
 
     def observe_health(self, health: DatabaseHealth) -> None:
         """Publish one reading of the database's health (the `job` table's figures)."""
@@ -169,7 +209,10 @@ class QueueMetrics:
         A queue that empties keeps its series at 0 while it still ranks; a queue pushed out of
         the ranking loses its series (removed, never left stale) and counts in "other" from
         then on. A queue literally named "other", or not matching the name pattern, is always
-        summed into "other". The ranked queues are admitted to the counters' queue label.
+        summed into "other". The ranked queues are admitted to the counters' queue label,
+        and every depth label ("other" included) gets its per-queue counter series at 0
+        (`seed_queue`), so a restarted service has the series of the queues already in the
+        database before their first lease expires.
         """
         counts: dict[str, dict[JobStatus, int]] = {}
         oldest: dict[str, float] = {}
@@ -208,3 +251,5 @@ class QueueMetrics:
             self.oldest_pending_age.remove(queue)
         self._depth_queues = exported
         self.queue_label.admit(own)
+        for label in exported:
+            self._seed_queue_label(label)

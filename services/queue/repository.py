@@ -27,6 +27,13 @@ from typing import Any, TypeVar
 
 import asyncpg
 import msgspec
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
 
 from common.contracts import (
     ERRORS_HISTORY_MAX,
@@ -735,6 +742,48 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
     round trip per statement."""
 
 
+_NOT_YET = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
+"""Connection errors of a database that is not accepting connections yet: nothing listens on
+the port (refused, or the host name does not resolve yet), or it is starting up or shutting
+down (`CannotConnectNowError`, SQLSTATE 57P03), or it is full. Anything else (a wrong password,
+a missing database) is not waited out."""
+
+
+async def wait_for_database(dsn: str, wait: float) -> None:
+    """Return once PostgreSQL at `dsn` (a `postgresql://` URL) accepts a connection, trying
+    again with exponential backoff (0.2 s up to 2 s, jittered) for up to `wait` seconds while
+    it refuses or is starting up; each wait is logged at WARNING.
+
+    `alembic upgrade head` calls this first: in compose the database's first start runs a
+    temporary socket-only server (the image's initialisation), so a TCP connection is refused
+    for a while even after a socket healthcheck passed (issue 25 item 1). Raises the last
+    connection error when `wait` runs out, and any other error (authentication, unknown
+    database) at once.
+    """
+
+    def waiting(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        logger.warning(
+            "waiting for the database (%.1f s of %.0f s): %s",
+            state.seconds_since_start or 0.0,
+            wait,
+            error,
+            extra={"event": "database_wait"},
+        )
+
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type(_NOT_YET),
+        stop=stop_after_delay(wait),
+        wait=wait_exponential_jitter(initial=0.2, max=2.0),
+        before_sleep=waiting,
+        reraise=True,
+    )
+    async for attempt in retrying:
+        with attempt:
+            connection = await asyncpg.connect(dsn, timeout=min(max(wait, 1.0), 10.0))
+            await connection.close()
+
+
 async def create_pool(
     dsn: str,
     *,
@@ -824,33 +873,60 @@ class JobRepository:
         self._acquire_timeout = acquire_timeout
         self._metrics = metrics
         self._refusals = RepeatedEvents()
+        self._deadline: float | None = None
+        self._scopes: set[asyncio.Timeout] = set()
+
+    def stop_waiting_at(self, when: float) -> None:
+        """Shutdown: every database operation, in flight or to come, ends by event-loop time
+        `when` (`loop.time()`), answered ServiceUnavailable when it cannot finish by then; an
+        earlier `when` than a previous call's wins.
+
+        A database that vanished (in compose: its container stopped, taking its address)
+        leaves connects and statements hanging until their own timeouts (10 s, 30 s), past
+        the service's shutdown grace; with this, requests draining at shutdown answer 503 in
+        time and the background loops stop (issue 25 item 4). A healthy database is not
+        affected: its statements end long before.
+        """
+        if self._deadline is not None and self._deadline <= when:
+            return
+        self._deadline = when
+        for scope in list(self._scopes):
+            with contextlib.suppress(RuntimeError):  # expiring or left already
+                scope.reschedule(when)
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
-        async with _translated(self._refusals):
+        async with _translated(self._refusals), asyncio.timeout_at(self._deadline) as scope:
+            self._scopes.add(scope)
             try:
-                # asyncio.timeout rather than acquire(timeout=…), which starts a task per call.
-                async with asyncio.timeout(self._acquire_timeout):
-                    if self._metrics is None:
-                        conn = await self._pool.acquire()
-                    else:
-                        conn = await self._metrics.acquired(self._pool.acquire)
-            except asyncpg.PostgresError as exc:
-                # Refused while connecting, whatever the reason (connections not allowed,
-                # authentication, database missing): this replica cannot serve right now.
-                raise _database_unavailable(
-                    self._refusals, "database refused a connection", exc
-                ) from exc
-            try:
-                yield conn
-            except _BROKEN_CONNECTION:
-                # Never hand a connection in an unknown state to the next statement.
-                conn.terminate()
-                raise
+                try:
+                    # asyncio.timeout rather than acquire(timeout=…), which starts a task per
+                    # call.
+                    async with asyncio.timeout(self._acquire_timeout):
+                        if self._metrics is None:
+                            conn = await self._pool.acquire()
+                        else:
+                            conn = await self._metrics.acquired(self._pool.acquire)
+                except asyncpg.PostgresError as exc:
+                    # Refused while connecting, whatever the reason (connections not allowed,
+                    # authentication, database missing): this replica cannot serve right now.
+                    raise _database_unavailable(
+                        self._refusals, "database refused a connection", exc
+                    ) from exc
+                try:
+                    yield conn
+                except (*_BROKEN_CONNECTION, asyncio.CancelledError):
+                    # Never hand a connection in an unknown state to the next statement (nor
+                    # one cancelled mid-statement, which asyncpg would try to cancel on the
+                    # server over a new connection).
+                    conn.terminate()
+                    raise
+                finally:
+                    await self._pool.release(conn)
+                    if self._metrics is not None:
+                        self._metrics.released()
             finally:
-                await self._pool.release(conn)
-                if self._metrics is not None:
-                    self._metrics.released()
+                self._scopes.discard(scope)
 
     async def _fetch(self, statement: str, *args: Any) -> list[asyncpg.Record]:
         """Run one statement (its own transaction); all its rows."""

@@ -494,11 +494,8 @@ class QueueService:
             current = await self.get(job_id, tenant)
             raise InvalidState(f"job {job_id} is {current.status}; only live jobs can be cancelled")
         if view.status is JobStatus.CANCELLED:
-            self._metrics.processed.labels(
-                self._metrics.queue_label(view.queue),
-                self._metrics.task_label(view.task_type),
-                "cancelled",
-            ).inc()
+            queue, task = self._metrics.seed(view.queue, view.task_type)
+            self._metrics.processed.labels(queue, task, "cancelled").inc()
         return view
 
     async def confirm_cancelled(self, job_id: uuid.UUID, handle: uuid.UUID) -> JobView:
@@ -583,7 +580,7 @@ class QueueService:
         counts: Counter[tuple[str, str, str]] = Counter()
         metrics = self._metrics
         for job in settled:
-            queue, task = metrics.queue_label(job.queue), metrics.task_label(job.task_type)
+            queue, task = metrics.seed(job.queue, job.task_type)
             outcome = _outcome(job.status)
             counts[(queue, task, outcome)] += 1
             if job.end_to_end_seconds is not None:
@@ -624,11 +621,11 @@ class QueueService:
         outcome; log each release."""
         metrics = self._metrics
         for job in released:
-            queue = metrics.queue_label(job.queue)
+            queue, task = metrics.seed(job.queue, job.task_type)
             metrics.released.labels(queue, reasons[job.id]).inc()
             outcome = _outcome(job.status)
             if outcome != "retry":
-                metrics.processed.labels(queue, metrics.task_label(job.task_type), outcome).inc()
+                metrics.processed.labels(queue, task, outcome).inc()
             self._repeats.log(
                 logger,
                 logging.INFO,

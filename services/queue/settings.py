@@ -63,6 +63,8 @@ class QueueSettings(HttpServiceSettings):
     queue_depth_interval: Duration = 2.0
     queue_poll_interval: Duration = 0.25
     queue_shutdown_grace: Duration = 10.0
+    queue_migrate_wait: Duration = 60.0
+    """How long `alembic upgrade head` waits for the database to accept connections."""
     queue_retention: Duration = 7 * 86400.0
     queue_dead_letter_retention: Duration = 14 * 86400.0
     queue_retention_interval: Duration = 60.0

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
+import sys
+from pathlib import Path
 
 import asyncpg
 import pytest
 
+from infra.servers import ensure_database, ensure_postgres
+from infra.stack import ROOT
 from services.queue.app import head_revision
-from tests.conftest import _admin, migrate
+from tests.conftest import _admin, migrate, pg_ctlcluster
 
 
 async def test_upgrade_check_downgrade_upgrade(
@@ -121,3 +127,53 @@ async def test_tenants_migration_keeps_old_rows_and_the_previous_release_working
             await connection.close()
     finally:
         await _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_migrate_waits_for_a_database_that_does_not_accept_connections_yet(
+    private_cluster: Path,
+) -> None:
+    """compose starts `migrate` once PostgreSQL's healthcheck passes; on a first start the
+    image's temporary server may still refuse TCP (issue 25 item 1). The migration waits for
+    the database within QUEUE_MIGRATE_WAIT instead of failing on the first refusal, and fails
+    with the connection error once that runs out."""
+    url = ensure_database(ensure_postgres(private_cluster), "jobq")
+    pg_ctlcluster(private_cluster, "stop")
+    env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
+
+    gave_up = subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "head"],
+        cwd=ROOT, env={**env, "QUEUE_MIGRATE_WAIT": "1s"}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert gave_up.returncode != 0
+    assert "waiting for the database" in gave_up.stderr
+    assert "Connect call failed" in gave_up.stderr or "refused" in gave_up.stderr
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "alembic", "upgrade", "head"],
+        cwd=ROOT, env={**env, "QUEUE_MIGRATE_WAIT": "120s"}, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        seen = []
+        for line in process.stderr:
+            seen.append(line)
+            if "waiting for the database" in line:
+                break
+        assert process.poll() is None, "".join(seen)  # still waiting, not failed
+        pg_ctlcluster(private_cluster, "start")
+        _, rest = process.communicate(timeout=180)
+        assert process.returncode == 0, "".join(seen) + rest
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+    async def revision() -> str:
+        connection = await asyncpg.connect(url)
+        try:
+            value: str = await connection.fetchval("SELECT version_num FROM alembic_version")
+            return value
+        finally:
+            await connection.close()
+
+    assert asyncio.run(revision()) == head_revision()

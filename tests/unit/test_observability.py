@@ -205,7 +205,7 @@ def test_compose_images_are_pinned() -> None:
 
 def test_compose_prometheus_loads_the_rules_and_the_exporter_its_queries() -> None:
     services = COMPOSE["services"]
-    assert services["prometheus"]["volumes"] == ["./prometheus:/etc/prometheus:ro"]
+    assert services["prometheus"]["volumes"][0] == "./prometheus:/etc/prometheus:ro"
     exporter = services["postgres-exporter"]
     mount = exporter["volumes"][0].split(":")
     assert (ROOT / "infra" / mount[0]).is_file()
@@ -217,3 +217,58 @@ def test_readme_says_what_to_do_for_every_alert() -> None:
     observe = readme.split("## Observe", 1)[1].split("\n## ", 1)[0]
     for alert in alert_rules():
         assert f"`{alert}`" in observe, f"README Observe: add {alert}"
+
+
+# Where each image compose runs keeps its data (the image's VOLUME): compose would make an
+# anonymous volume for any of these not mounted, left behind by every `down` + `up`.
+IMAGE_VOLUMES = {
+    "postgres": "/var/lib/postgresql/data",
+    "redis": "/data",
+    "prometheus": "/prometheus",
+    "grafana": "/var/lib/grafana",
+}
+
+
+def test_compose_data_lives_in_named_volumes() -> None:
+    """Issue 25 item 5."""
+    services = COMPOSE["services"]
+    for name, path in IMAGE_VOLUMES.items():
+        named = {
+            v.split(":")[1]: v.split(":")[0]
+            for v in services[name].get("volumes", [])
+            if not v.startswith(("./", "/"))
+        }
+        assert path in named, f"{name}: {path} is not a named volume"
+        assert named[path] in COMPOSE["volumes"]
+
+
+def test_compose_needs_v2_and_says_so() -> None:
+    """Issue 25 item 3: the top-level name needs Compose v2."""
+    assert COMPOSE["name"] == "jobq"
+    text = (ROOT / "infra" / "compose.yml").read_text()
+    assert "Docker Compose v2" in text
+    readme = (ROOT / "README.md").read_text()
+    assert "Compose v2" in readme and "make compose-test" in readme
+
+
+def test_compose_probes_postgres_over_tcp_as_the_services_connect() -> None:
+    """Issue 25 item 1: a socket probe passes during the image's socket-only first start."""
+    test = " ".join(COMPOSE["services"]["postgres"]["healthcheck"]["test"])
+    assert re.search(r"pg_isready .*-h 127\.0\.0\.1", test), test
+
+
+def test_compose_services_depend_on_what_they_connect_to() -> None:
+    """Issue 25 item 4: `down` stops services in reverse dependency order, so each service
+    must declare what it uses, or PostgreSQL stops under the queue service."""
+    services = COMPOSE["services"]
+    uses = {
+        "queue": {"postgres", "redis", "migrate"},
+        "producer": {"queue"},
+        "worker": {"queue", "smtp"},
+        "migrate": {"postgres"},
+        "postgres-exporter": {"postgres"},
+    }
+    for name, needed in uses.items():
+        declared = set(services[name].get("depends_on", {}))
+        assert needed <= declared, f"{name} depends on {needed - declared} undeclared"
+    assert services["queue"]["depends_on"]["postgres"] == {"condition": "service_healthy"}

@@ -1,7 +1,8 @@
 """Alembic environment: async engine, URL from QueueSettings, serialised by an advisory lock.
 
 Replicas or CI jobs that migrate at the same time queue up on the lock; the later ones find
-the schema at head and do nothing.
+the schema at head and do nothing. A database that refuses connections or is still starting is
+waited for, up to QUEUE_MIGRATE_WAIT (60 s).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.queue.models import Base
-from services.queue.settings import QueueSettings, async_database_url
+from services.queue.repository import wait_for_database
+from services.queue.settings import QueueSettings, async_database_url, plain_database_url
 
 # An arbitrary constant, distinct from any lock the queue itself takes.
 MIGRATION_LOCK_KEY = 0x6A6F6271_00000001
@@ -44,7 +46,11 @@ def _run(connection: Connection) -> None:
 
 
 async def _run_async() -> None:
-    url = config.attributes.get("database_url") or QueueSettings().database_url
+    settings = QueueSettings()
+    url = config.attributes.get("database_url") or settings.database_url
+    # The database may still be starting (compose starts both at once): wait for it to accept
+    # connections for up to QUEUE_MIGRATE_WAIT instead of failing on the first refusal.
+    await wait_for_database(plain_database_url(url), settings.queue_migrate_wait)
     engine = create_async_engine(async_database_url(url), poolclass=pool.NullPool)
     try:
         async with engine.connect() as connection:
