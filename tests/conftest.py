@@ -81,13 +81,9 @@ async def template_database(postgres_base: str) -> AsyncIterator[str]:
 async def database_url(postgres_base: str, template_database: str) -> AsyncIterator[str]:
     """URL of this session's test database, a copy of the migrated template."""
     name = f"jobq_test_{os.getpid()}"
-    await _admin(
-        postgres_base,
-        f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
-        f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"',
-    )
+    url = await template_copy(postgres_base, template_database, name)
     try:
-        yield f"{postgres_base}/{name}"
+        yield url
     finally:
         await _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -238,3 +234,42 @@ async def guarded_services(
         producer_limits = limits or settings.server_limits()
         async with serving(create_producer(settings), producer_limits) as producer:
             yield producer, queue
+
+
+@pytest.fixture(params=["producer", "queue"])
+async def door(
+    request: pytest.FixtureRequest, clean_database: str, redis_url: str
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client for the producer or the queue service (both on the clean test database,
+    served over real HTTP): for tests that hold both doors to the same rule."""
+    from pydantic import SecretStr
+
+    from services.producer.app import create_app as create_producer
+    from services.producer.settings import ProducerSettings
+    from services.queue.app import create_app as create_queue
+    from services.queue.settings import QueueSettings
+
+    token = SecretStr("door-token-0123456789")
+    queue_settings = QueueSettings(
+        database_url=clean_database, redis_url=redis_url, queue_internal_token=token
+    )
+    async with serving(create_queue(queue_settings)) as queue:
+        if request.param == "queue":
+            queue.headers["Authorization"] = f"Bearer {token.get_secret_value()}"
+            yield queue
+            return
+        producer_settings = ProducerSettings(
+            queue_service_url=str(queue.base_url), queue_internal_token=token
+        )
+        async with serving(create_producer(producer_settings)) as producer:
+            yield producer
+
+
+async def template_copy(postgres_base: str, template: str, name: str) -> str:
+    """Create database `name` afresh as a copy of the migrated `template`; its URL."""
+    await _admin(
+        postgres_base,
+        f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
+        f'CREATE DATABASE "{name}" TEMPLATE "{template}"',
+    )
+    return f"{postgres_base}/{name}"

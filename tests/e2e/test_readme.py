@@ -35,6 +35,7 @@ from benchmark.database import admin_execute
 from infra import devkeys
 from infra.stack import ROOT, LocalStack
 from services.queue.schedules import parse_schedules
+from tests.conftest import template_copy
 
 README = ROOT / "README.md"
 MARKED = re.compile(
@@ -199,13 +200,9 @@ async def readme_database(postgres_base: str, template_database: str) -> AsyncIt
     """A database of its own, migrated and empty, as a newcomer's first `make run` has: the
     examples count what they made (`"moved":1`), so nothing another test left may be there."""
     name = f"jobq_readme_{os.getpid()}"
-    await admin_execute(
-        postgres_base,
-        f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
-        f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"',
-    )
+    url = await template_copy(postgres_base, template_database, name)
     try:
-        yield f"{postgres_base}/{name}"
+        yield url
     finally:
         await admin_execute(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

@@ -4,20 +4,15 @@ stores and serves it, and an oversized payload is refused before it is decoded."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import msgspec
-import pytest
-from pydantic import SecretStr
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from common.contracts import LIST_PAGE_MAX_BYTES, PAYLOAD_MAX_BYTES, RESULT_MAX_BYTES
 from common.text import stored_number_growth
-from services.producer.app import create_app as create_producer
-from services.producer.settings import ProducerSettings
 from services.queue.app import create_app as create_queue
 from services.queue.repository import JobRepository
 from services.queue.settings import QueueSettings
@@ -25,27 +20,6 @@ from tests.conftest import serving
 from tests.helpers import new_job
 
 JSON = {"content-type": "application/json"}
-
-
-@pytest.fixture(params=["producer", "queue"])
-async def door(
-    request: pytest.FixtureRequest, clean_database: str, redis_url: str
-) -> AsyncIterator[httpx.AsyncClient]:
-    """A client for the producer or the queue service (both on the clean test database)."""
-    token = SecretStr("bounds-token-0123456")
-    queue_settings = QueueSettings(
-        database_url=clean_database, redis_url=redis_url, queue_internal_token=token
-    )
-    async with serving(create_queue(queue_settings)) as queue:
-        if request.param == "queue":
-            queue.headers["Authorization"] = f"Bearer {token.get_secret_value()}"
-            yield queue
-            return
-        producer_settings = ProducerSettings(
-            queue_service_url=str(queue.base_url), queue_internal_token=token
-        )
-        async with serving(create_producer(producer_settings)) as producer:
-            yield producer
 
 
 async def job_count(engine: AsyncEngine) -> int:

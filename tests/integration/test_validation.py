@@ -4,19 +4,12 @@ the queue service), and nothing is written."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from pydantic import SecretStr
 
-from services.producer.app import create_app as create_producer
-from services.producer.settings import ProducerSettings
-from services.queue.app import create_app as create_queue
 from services.queue.repository import JobRepository
-from services.queue.settings import QueueSettings
-from tests.conftest import serving
 
 
 def nested(depth: int) -> dict[str, Any]:
@@ -24,27 +17,6 @@ def nested(depth: int) -> dict[str, Any]:
     for _ in range(depth - 1):
         value = {"d": value}
     return value
-
-
-@pytest.fixture(params=["producer", "queue"])
-async def door(
-    request: pytest.FixtureRequest, clean_database: str, redis_url: str
-) -> AsyncIterator[httpx.AsyncClient]:
-    """A client for the producer or the queue service (both on the clean test database)."""
-    token = SecretStr("validation-token-0123")
-    queue_settings = QueueSettings(
-        database_url=clean_database, redis_url=redis_url, queue_internal_token=token
-    )
-    async with serving(create_queue(queue_settings)) as queue:
-        if request.param == "queue":
-            queue.headers["Authorization"] = f"Bearer {token.get_secret_value()}"
-            yield queue
-            return
-        producer_settings = ProducerSettings(
-            queue_service_url=str(queue.base_url), queue_internal_token=token
-        )
-        async with serving(create_producer(producer_settings)) as producer:
-            yield producer
 
 
 async def no_jobs(repository: JobRepository) -> bool:
