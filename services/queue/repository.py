@@ -129,58 +129,35 @@ class ScheduleFiring:
     rewound_from: datetime | None
 
 
+_SUMMARY_FIELDS = (
+    "id", "tenant", "queue", "task_type", "priority", "attempts", "releases", "max_attempts",
+    "timeout_seconds", "last_error", "idempotency_key", "locked_by", "created_at", "updated_at",
+    "visible_at", "claimed_at", "finished_at", "cancel_requested",
+)  # fmt: skip
+"""Columns a job view and a listed summary share, by the same names."""
+
+
+def _summary_fields(row: asyncpg.Record) -> dict[str, Any]:
+    fields = {name: row[name] for name in _SUMMARY_FIELDS}
+    fields["status"] = JobStatus(row["status"])
+    return fields
+
+
+def _errors(row: asyncpg.Record) -> list[ErrorEntry]:
+    return msgspec.convert(row["errors"] or [], list[ErrorEntry], strict=False)
+
+
 def _to_view(row: asyncpg.Record) -> JobView:
     return JobView(
-        id=row["id"],
-        tenant=row["tenant"],
-        queue=row["queue"],
-        task_type=row["task_type"],
-        payload=row["payload"],
-        status=JobStatus(row["status"]),
-        priority=row["priority"],
-        attempts=row["attempts"],
-        releases=row["releases"],
-        max_attempts=row["max_attempts"],
-        timeout_seconds=row["timeout_seconds"],
-        last_error=row["last_error"],
-        errors=msgspec.convert(row["errors"] or [], list[ErrorEntry], strict=False),
-        result=row["result"],
-        idempotency_key=row["idempotency_key"],
-        locked_by=row["locked_by"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        visible_at=row["visible_at"],
-        claimed_at=row["claimed_at"],
-        finished_at=row["finished_at"],
-        cancel_requested=row["cancel_requested"],
+        **_summary_fields(row), payload=row["payload"], errors=_errors(row), result=row["result"]
     )
 
 
 def _to_listed(row: asyncpg.Record, full: bool) -> ListedJob:
-    listed = ListedJob(
-        id=row["id"],
-        tenant=row["tenant"],
-        queue=row["queue"],
-        task_type=row["task_type"],
-        status=JobStatus(row["status"]),
-        priority=row["priority"],
-        attempts=row["attempts"],
-        releases=row["releases"],
-        max_attempts=row["max_attempts"],
-        timeout_seconds=row["timeout_seconds"],
-        last_error=row["last_error"],
-        idempotency_key=row["idempotency_key"],
-        locked_by=row["locked_by"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        visible_at=row["visible_at"],
-        claimed_at=row["claimed_at"],
-        finished_at=row["finished_at"],
-        cancel_requested=row["cancel_requested"],
-    )
+    listed = ListedJob(**_summary_fields(row))
     if full:
         listed.payload = row["payload"]
-        listed.errors = msgspec.convert(row["errors"] or [], list[ErrorEntry], strict=False)
+        listed.errors = _errors(row)
         listed.result = row["result"]
     return listed
 
