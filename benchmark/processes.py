@@ -147,3 +147,13 @@ def cpu_per_job_us(usage: Mapping[str, Mapping[str, Any]], jobs: int) -> dict[st
     per_job = {k: round(v["cpu_seconds"] / jobs * 1e6, 1) for k, v in usage.items()}
     per_job["total"] = round(sum(per_job.values()), 1)
     return per_job
+
+
+def cpu_per_request(usage: dict[str, dict[str, Any]], accepted: int) -> dict[str, float]:
+    """CPU microseconds per accepted request by process class (`ProcessMeter.stop()` totals),
+    plus `server_total` over every class but the load generator's (`client`); empty when
+    nothing was accepted."""
+    per = cpu_per_job_us(usage, accepted)
+    if per:
+        per["server_total"] = round(per.pop("total") - per.get("client", 0.0), 1)
+    return per

@@ -12,7 +12,9 @@ from benchmark import report
 from benchmark.dashboard_snapshot import OUTPUT, describe_workers
 from benchmark.database import verify
 from benchmark.ingest import passes
+from benchmark.load import accepted_requests
 from benchmark.pgbench import script
+from benchmark.processes import cpu_per_request
 from benchmark.stats import latency_summary, percentile
 
 
@@ -102,3 +104,17 @@ def test_compare_reports_medians_and_after_to_before_ratios() -> None:
     assert summary["ratio_after_to_before"]["ingest_800_p95_ms"] == round(20 / 30, 3)
     assert summary["before"]["ingest_800"]["dropped"] == 3
     assert "| submits 800/s: p95 ms (failed+dropped) | 30 (3) | 20 (3) |" in _table(summary, [800])
+
+
+def test_cpu_per_accepted_request_leaves_the_load_generator_out_of_the_server_total() -> None:
+    summary = {"metrics": {"http_reqs": {"count": 1_010}, "http_req_failed": {"passes": 10}}}
+    accepted = accepted_requests(summary)
+    usage = {
+        "producer": {"cpu_seconds": 0.5},
+        "postgres": {"cpu_seconds": 0.25},
+        "client": {"cpu_seconds": 0.4},
+    }
+    per = cpu_per_request(usage, accepted)
+    assert accepted == 1_000
+    assert per == {"producer": 500.0, "postgres": 250.0, "client": 400.0, "server_total": 750.0}
+    assert cpu_per_request(usage, accepted_requests({})) == {}
