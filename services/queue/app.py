@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from common import contracts
 from common.contracts import REQUEST_BODY_MAX_BYTES
-from common.web.access import token_guard
+from common.web.access import token_check
 from common.web.app import (
     exception_handlers,
     live,
@@ -248,8 +248,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             "depth_cache": Provide(provide_depth_cache, sync_to_thread=False),
         },
         exception_handlers=exception_handlers(),
-        before_request=request_checks(),
-        guards=[token_guard(token.get_secret_value() if token else None)],
+        before_request=request_checks(token_check(token.get_secret_value() if token else None)),
         middleware=[HttpMetrics("queue", registry).middleware],
         openapi_config=openapi_config(
             "jobq queue service",
