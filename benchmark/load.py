@@ -37,7 +37,7 @@ from typing import Any
 
 import asyncpg
 
-from benchmark import RESULTS
+from benchmark import RESULTS, database
 from benchmark.context import stack_pids
 from benchmark.database import migrated_database
 from benchmark.processes import ProcessMeter, cpu_per_request, postmaster_pid
@@ -113,12 +113,7 @@ async def _drain(database_url: str, within: float) -> dict[str, Any]:
             "SELECT EXTRACT(EPOCH FROM min(created_at)) AS first,"
             " EXTRACT(EPOCH FROM max(finished_at)) AS last FROM job WHERE status = 'COMPLETED'"
         )
-        # Submit → COMPLETED by the database's clock: commit of the insert to commit of the ack.
-        latency = await connection.fetchrow(
-            "SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY"
-            " EXTRACT(EPOCH FROM finished_at - created_at)) AS ms, max(EXTRACT(EPOCH FROM"
-            " finished_at - created_at)) AS worst FROM job WHERE status = 'COMPLETED'"
-        )
+        latency = await database.submit_to_completed(connection)
     finally:
         await connection.close()
     completed = int(counts.get("COMPLETED", 0))
@@ -129,16 +124,8 @@ async def _drain(database_url: str, within: float) -> dict[str, Any]:
         "completed": completed,
         "first_created_to_last_completed_seconds": round(seconds, 2),
         "completed_per_second": round(completed / seconds, 1) if seconds else 0.0,
-        "submit_to_completed_ms": _latency(latency["ms"], latency["worst"]),
+        "submit_to_completed_ms": latency,
     }
-
-
-def _latency(quantiles: list[float] | None, worst: float | None) -> dict[str, float]:
-    """`{p50, p95, p99, max}` in milliseconds from seconds; empty when nothing completed."""
-    if not quantiles or worst is None:
-        return {}
-    p50, p95, p99 = (round(q * 1000, 1) for q in quantiles)
-    return {"p50": p50, "p95": p95, "p99": p99, "max": round(float(worst) * 1000, 1)}
 
 
 async def run_on_fresh_stack(

@@ -38,6 +38,9 @@ class Preset:
     idle_seconds: float
     load_rate: int
     load_seconds: int
+    latency_fractions: tuple[float, ...]
+    """Fractions of the producer's ingest knee the latency under load is measured at."""
+    latency_seconds: int
     claims: int
     claim_rounds: int
     history: HistorySizes
@@ -68,6 +71,8 @@ FULL = Preset(
     idle_seconds=5.0,
     load_rate=300,
     load_seconds=10,
+    latency_fractions=(0.25, 0.5, 0.9),
+    latency_seconds=20,
     claims=500,
     claim_rounds=3,
     history=HistorySizes(completed=1_000_000, scheduled=100_000),
@@ -97,6 +102,8 @@ QUICK = Preset(
     idle_seconds=1.0,
     load_rate=50,
     load_seconds=2,
+    latency_fractions=(0.5,),
+    latency_seconds=2,
     claims=30,
     claim_rounds=1,
     history=HistorySizes(completed=0, scheduled=1_000),

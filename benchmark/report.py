@@ -135,6 +135,11 @@ def _latency_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         _row("Pickup, created -> completed, p50 / p99",
              completed["p50_ms"], "ms", f"(p99 {completed['p99_ms']} ms)"),
     ]  # fmt: skip
+    for step in results.get("latency_under_load", {}).get("steps", []):
+        if step["fraction"] == 0.5 and step["submit_to_completed_ms"]:
+            p99 = step["submit_to_completed_ms"]["p99"]
+            rows.append(_row(f"Submit -> COMPLETED at 50 % of the knee ({step['rate']}/s), p99",
+                             p99, "ms", "< 25 ms", p99 < 25))  # fmt: skip
     cases = results["claims"]["cases"]
     for name, label in (("empty", "empty table"), ("completed_1m", "1,000,000 COMPLETED"),
                         ("scheduled_100k", "100,000 SCHEDULED")):  # fmt: skip
@@ -197,6 +202,7 @@ def table(document: dict[str, Any], path: Path) -> str:
             f"{_cell(row['x_pgqueuer_b100'])} | {_cell(row['x_bare'])} |"
         )
     lines += ["", *_matrix_table(document), "", *_resources_table(document), ""]
+    lines += [*_latency_table(document), ""]
     lines += [f"![{name}](results/{name})" for name in document.get("plots", [])]
     return "\n".join(lines)
 
@@ -237,6 +243,28 @@ def _resources_table(document: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {klass} | {_cell(i.get('cpu_percent'))} | {_cell(loaded.get('cpu_percent'))} | "
             f"{_cell(i.get('rss_mb'))} | {_cell(loaded.get('rss_mb'))} |"
+        )
+    return lines
+
+
+def _latency_table(document: dict[str, Any]) -> list[str]:
+    latency = document["results"].get("latency_under_load")
+    if not latency:
+        return []
+    lines = [
+        f"Latency under load: submits through the producer at fractions of its knee "
+        f"({_cell(latency['knee_per_s'])}/s), 2 workers running them; submit → COMPLETED by the "
+        "database's clock:",
+        "",
+        "| rate | of the knee | submit p95 (ms) | to COMPLETED p50 | p95 | p99 | max | all done |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for step in latency["steps"]:
+        done = step["submit_to_completed_ms"]
+        lines.append(
+            f"| {step['rate']}/s | {step['fraction']:.0%} | {_cell(step['submit_p95_ms'])} | "
+            f"{_cell(done.get('p50'))} | {_cell(done.get('p95'))} | {_cell(done.get('p99'))} | "
+            f"{_cell(done.get('max'))} | {_cell(step['verified']['ok'])} |"
         )
     return lines
 

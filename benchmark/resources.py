@@ -1,16 +1,20 @@
-"""RSS and CPU per process, idle and under load, and the pickup latency, on one full stack.
+"""RSS and CPU per process, idle and under load, the pickup latency and the latency under load,
+on one full stack.
 
 The stack is what `make run` starts minus the SMTP sink: the queue service, the producer (with
 an API key) and two worker replicas with default settings. Idle: nothing submitted for a few
 seconds. Under load: k6 submits `noop` jobs through the producer at a constant rate while the
 workers run them. CPU is a percentage of one core over the window; RSS is summed per class (the
-peak seen, sampled twice a second).
+peak seen, sampled twice a second). Latency under load (as Hatchet publishes it): k6 submits at
+given fractions of the producer's knee while the workers run the jobs, and each job's submit →
+COMPLETED time is read from the database once the step's jobs are done.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -19,6 +23,7 @@ from benchmark import database, pickup
 from benchmark.burndown import wait_completed
 from benchmark.context import Context, stack_pids
 from benchmark.ingest import Target, run_step
+from infra.stack import LocalStack
 
 
 def _shares(usage: dict[str, dict[str, Any]], seconds: float) -> dict[str, dict[str, float]]:
@@ -38,10 +43,14 @@ async def run(
     pickup_rate: float,
     load_rate: int,
     load_seconds: int,
+    latency_rates: Sequence[tuple[float, int]] = (),
+    latency_seconds: int = 0,
 ) -> dict[str, Any]:
-    """Returns `{idle, load, pickup}`: `idle`/`load` map each class to `{cpu_percent,
-    rss_mb}` (load also has the k6 step), `pickup` is `pickup.run`'s result. Every job
-    submitted under load must complete (`load.verified`)."""
+    """Returns `{idle, load, pickup, latency}`: `idle`/`load` map each class to `{cpu_percent,
+    rss_mb}` (load also has the k6 step), `pickup` is `pickup.run`'s result, `latency` one
+    entry per `(fraction of the knee, rate)` of `latency_rates`, each k6 step
+    `latency_seconds` long (`_latency_step`). Every job submitted under load must complete
+    (`load.verified`, and `verified` of each latency step)."""
     key = secrets.token_urlsafe(24)
     url = await ctx.database("service")
     stack = ctx.stack(
@@ -63,9 +72,46 @@ async def run(
         accepted = step["requests"] - step["failed"]
         await wait_completed(connection, accepted, ctx.progress, "load", 120, stack)
         verified = database.verify(await database.outcome(connection), accepted)
+        latency = [
+            await _latency_step(ctx, stack, connection, target, fraction, rate, latency_seconds)
+            for fraction, rate in latency_rates
+        ]
     finally:
         await connection.close()
         stack.stop()
     usage = step.pop("usage")
     load = {"step": step, "classes": _shares(usage, load_seconds), "verified": verified}
-    return {"idle": {"seconds": idle_seconds, "classes": idle}, "load": load, "pickup": picked}
+    return {
+        "idle": {"seconds": idle_seconds, "classes": idle},
+        "load": load,
+        "pickup": picked,
+        "latency": latency,
+    }
+
+
+async def _latency_step(
+    ctx: Context,
+    stack: LocalStack,
+    connection: asyncpg.Connection,
+    target: Target,
+    fraction: float,
+    rate: int,
+    seconds: int,
+) -> dict[str, Any]:
+    """One step of the latency under load: `{fraction, rate, submit_p50_ms, submit_p95_ms,
+    dropped, failed, submit_to_completed_ms: {p50, p95, p99, max}, verified}`."""
+    await connection.execute("TRUNCATE job")
+    ctx.progress.note(f"latency under load: {rate}/s ({fraction:.0%} of the knee)")
+    step = await run_step(ctx, target, rate, seconds, ctx.logs)
+    accepted = step["requests"] - step["failed"]
+    await wait_completed(connection, accepted, ctx.progress, f"latency @ {rate}/s", 120, stack)
+    return {
+        "fraction": fraction,
+        "rate": rate,
+        "submit_p50_ms": step["p50_ms"],
+        "submit_p95_ms": step["p95_ms"],
+        "dropped": step["dropped"],
+        "failed": step["failed"],
+        "submit_to_completed_ms": await database.submit_to_completed(connection),
+        "verified": database.verify(await database.outcome(connection), accepted),
+    }

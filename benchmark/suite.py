@@ -145,7 +145,9 @@ async def _phases_run(ctx: Context, preset: Preset, python: Path | None) -> dict
     results["pgbench"] = await pgbench.run(ctx, clients, transactions, batch)
     progress.phase(f"ingest steps: {', '.join(preset.ingest_targets)}")
     results["ingest"] = await _ingest(ctx, preset)
-    progress.phase("full stack: resources idle and under load, pickup latency")
+    progress.phase("full stack: resources idle and under load, pickup, latency under load")
+    # The producer's knee (the highest step passing p95 < 50 ms); the lowest step if none did.
+    knee = results["ingest"]["producer"]["knee_per_s"] or preset.ingest_rates[0]
     service = await resources_phase.run(
         ctx,
         preset.idle_seconds,
@@ -153,7 +155,10 @@ async def _phases_run(ctx: Context, preset: Preset, python: Path | None) -> dict
         preset.pickup_rate,
         preset.load_rate,
         preset.load_seconds,
+        [(f, max(1, round(f * knee))) for f in preset.latency_fractions],
+        preset.latency_seconds,
     )
+    results["latency_under_load"] = {"knee_per_s": knee, "steps": service.pop("latency")}
     results["pickup"] = service.pop("pickup")
     results["resources"] = service
     progress.phase("claims under history")

@@ -76,6 +76,12 @@ def test_quick_suite_completes_every_job(result: tuple[dict[str, Any], Path]) ->
     _verified(results["pgbench"], "pgbench")
     _verified(results["pickup"], "pickup")
     _verified(results["resources"]["load"], "resources under load")
+    latency = results["latency_under_load"]
+    assert [step["fraction"] for step in latency["steps"]] == [0.5]
+    for step in latency["steps"]:
+        _verified(step, f"latency under load @ {step['rate']}/s")
+        done = step["submit_to_completed_ms"]
+        assert 0 < done["p50"] <= done["p95"] <= done["p99"] <= done["max"], done
     kill = results["kill"]
     _verified(kill, "kill -9")
     assert kill["by_status"] == {"COMPLETED": kill["jobs"]}
