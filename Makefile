@@ -119,7 +119,7 @@ prometheus-config: install ## Regenerate infra/prometheus/prometheus.yml from in
 	$(BIN)/python -m infra.prometheus_config
 
 .PHONY: k6
-k6: install ## k6 load run on a fresh local stack: [SCRIPT=submit|mixed|burst] [RATE=50] [DURATION=30s] [BASE_URL=…]
+k6: install ## k6 load run on a fresh local stack: [SCRIPT=submit|mixed|burst] [RATE=50] [DURATION=30s] [WORKERS=2] [BASE_URL=…]
 	$(BIN)/python -m benchmark.load --script $(SCRIPT) --rate $(RATE) --duration $(DURATION) \
 		--workers $(WORKERS) $(if $(BASE_URL),--base-url $(BASE_URL))
 

@@ -167,18 +167,3 @@ async def latencies_ms(connection: asyncpg.Connection, start: str, end: str) -> 
         " WHERE status = 'COMPLETED'"
     )
     return [float(r["ms"]) for r in rows]
-
-
-async def submit_to_completed(connection: asyncpg.Connection) -> dict[str, float]:
-    """Submit → COMPLETED of every COMPLETED job by the database's clock (`finished_at -
-    created_at`: the insert's transaction to the ack's commit): `{p50, p95, p99, max}` in
-    milliseconds; empty when none completed."""
-    row = await connection.fetchrow(
-        "SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY"
-        " EXTRACT(EPOCH FROM finished_at - created_at)) AS quantiles, max(EXTRACT(EPOCH FROM"
-        " finished_at - created_at)) AS worst FROM job WHERE status = 'COMPLETED'"
-    )
-    if row is None or row["quantiles"] is None or row["worst"] is None:
-        return {}
-    p50, p95, p99 = (round(q * 1000, 1) for q in row["quantiles"])
-    return {"p50": p50, "p95": p95, "p99": p99, "max": round(float(row["worst"]) * 1000, 1)}

@@ -23,6 +23,7 @@ from benchmark import database, pickup
 from benchmark.burndown import wait_completed
 from benchmark.context import Context, stack_pids
 from benchmark.ingest import Target, run_step
+from benchmark.stats import latency_summary
 from infra.stack import LocalStack
 
 
@@ -99,7 +100,7 @@ async def _latency_step(
     seconds: int,
 ) -> dict[str, Any]:
     """One step of the latency under load: `{fraction, rate, submit_p50_ms, submit_p95_ms,
-    dropped, failed, submit_to_completed_ms: {p50, p95, p99, max}, verified}`."""
+    dropped, failed, submit_to_completed: {count, p50_ms, p95_ms, p99_ms, max_ms}, verified}`."""
     await connection.execute("TRUNCATE job")
     ctx.progress.note(f"latency under load: {rate}/s ({fraction:.0%} of the knee)")
     step = await run_step(ctx, target, rate, seconds, ctx.logs)
@@ -112,6 +113,8 @@ async def _latency_step(
         "submit_p95_ms": step["p95_ms"],
         "dropped": step["dropped"],
         "failed": step["failed"],
-        "submit_to_completed_ms": await database.submit_to_completed(connection),
+        "submit_to_completed": latency_summary(
+            await database.latencies_ms(connection, "created_at", "finished_at")
+        ),
         "verified": database.verify(await database.outcome(connection), accepted),
     }

@@ -50,6 +50,9 @@ QUEUE_SERVICE_CONNECTIONS = 100
 _CONNECT_TIMEOUT = 3.0
 """Seconds one TCP connection attempt may take."""
 _RETRY_PAUSE = 0.1
+STARTUP_GRACE_SECONDS = 30.0
+"""How long a client that has never had an answer logs its failures at INFO: services start
+in any order (`make run`, compose), so a peer not listening yet is not worth a warning."""
 """Seconds before sending again after a refused connection (doubling per attempt)."""
 DEADLINE_HEADER = "X-Jobq-Deadline"
 """The caller's deadline, in seconds since the Unix epoch (a decimal number): an absolute time,
@@ -109,6 +112,10 @@ class ServiceClient:
     than ServiceUnavailable (aiohttp's request tracing tells; it costs every call a few
     callbacks, so only callers that answer differently, the producer, turn it on). Use it as an
     async context manager, or call `aclose()`.
+
+    Failures are logged (`upstream_unavailable`) once per kind and then folded: at INFO while
+    the client has never had an answer and is younger than `STARTUP_GRACE_SECONDS` (its peer
+    may still be starting), at WARNING after that.
     """
 
     def __init__(
@@ -134,6 +141,8 @@ class ServiceClient:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._failures = RepeatedEvents()
+        self._created = time.monotonic()
+        self._answered = False
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -221,11 +230,15 @@ class ServiceClient:
                         await asyncio.sleep(_RETRY_PAUSE * attempt)
         except (aiohttp.ClientError, TimeoutError) as exc:
             # The address stays in the log: a public caller of the producer must not learn it.
-            # Folded per kind: while a service is down every call fails the same way.
+            # Folded per kind: while a service is down every call fails the same way. Until
+            # the first answer, and for STARTUP_GRACE_SECONDS, the peer may still be starting.
+            starting = not self._answered and (
+                time.monotonic() - self._created < STARTUP_GRACE_SECONDS
+            )
             self._failures.log(
                 logger,
-                logging.WARNING,
-                type(exc).__name__,
+                logging.INFO if starting else logging.WARNING,
+                f"starting:{type(exc).__name__}" if starting else type(exc).__name__,
                 "%s %s failed: %s",
                 method,
                 url,
@@ -237,6 +250,7 @@ class ServiceClient:
                     "a jobq service did not answer a request it received; it may have been applied"
                 ) from exc
             raise ServiceUnavailable("a jobq service is unreachable; retry shortly") from exc
+        self._answered = True
         if 200 <= status < 300:
             return Reply(status, data, url)
         try:

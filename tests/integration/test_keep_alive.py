@@ -28,6 +28,7 @@ from common.contracts import (
 )
 from common.errors import ServiceUnavailable
 from common.ids import new_job_id
+from common.web import http
 from common.web.http import ServiceClient
 from common.web.settings import HttpServiceSettings
 from infra.stack import free_port
@@ -177,12 +178,33 @@ async def test_the_service_pool_does_not_reuse_a_connection_idle_past_its_expiry
 
 
 async def test_a_service_that_is_down_is_one_warning_not_one_per_call(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="common.web.http")
+    caplog.set_level(logging.INFO, logger="common.web.http")
     async with ServiceClient(f"http://127.0.0.1:{free_port()}", connect_retries=0) as client:
+        # A peer that was never reached may still be starting: one quiet line, not a warning.
+        for _ in range(10):
+            with pytest.raises(ServiceUnavailable):
+                await client.call("GET", "/jobs", deadline=2)
+        starting = [r for r in caplog.records if getattr(r, "event", "") == "upstream_unavailable"]
+        assert [r.levelno for r in starting] == [logging.INFO]
+        # Past the start-up grace it is an outage: one warning, then folded.
+        monkeypatch.setattr(http, "STARTUP_GRACE_SECONDS", 0.0)
         for _ in range(10):
             with pytest.raises(ServiceUnavailable):
                 await client.call("GET", "/jobs", deadline=2)
     failed = [r for r in caplog.records if getattr(r, "event", "") == "upstream_unavailable"]
-    assert len(failed) == 1
+    assert [r.levelno for r in failed] == [logging.INFO, logging.WARNING]
+
+
+async def test_a_service_that_answered_before_is_a_warning_at_once(
+    caplog: pytest.LogCaptureFixture, closing_server: ClosingServer
+) -> None:
+    caplog.set_level(logging.INFO, logger="common.web.http")
+    async with ServiceClient(closing_server.url, connect_retries=0) as client:
+        await client.call("GET", "/jobs")
+        client.base_url = f"http://127.0.0.1:{free_port()}"  # the peer is gone
+        with pytest.raises(ServiceUnavailable):
+            await client.call("GET", "/jobs", deadline=2)
+    failed = [r for r in caplog.records if getattr(r, "event", "") == "upstream_unavailable"]
+    assert [r.levelno for r in failed] == [logging.WARNING]
