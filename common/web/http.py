@@ -50,10 +50,10 @@ QUEUE_SERVICE_CONNECTIONS = 100
 _CONNECT_TIMEOUT = 3.0
 """Seconds one TCP connection attempt may take."""
 _RETRY_PAUSE = 0.1
+"""Seconds before sending again after a refused connection (doubling per attempt)."""
 STARTUP_GRACE_SECONDS = 30.0
 """How long a client that has never had an answer logs its failures at INFO: services start
 in any order (`make run`, compose), so a peer not listening yet is not worth a warning."""
-"""Seconds before sending again after a refused connection (doubling per attempt)."""
 DEADLINE_HEADER = "X-Jobq-Deadline"
 """The caller's deadline, in seconds since the Unix epoch (a decimal number): an absolute time,
 so a request that sat in a stopped server's socket still reads as late when it is finally
