@@ -26,6 +26,7 @@ import asyncpg
 
 from benchmark import database
 from benchmark.context import Context, stack_pids
+from benchmark.machine import steal_seconds
 from benchmark.processes import cpu_per_job_us
 from benchmark.progress import Progress
 from infra.stack import LocalStack
@@ -96,7 +97,8 @@ async def burn_once(
 ) -> dict[str, Any]:
     """One burn-down of `jobs` noop jobs by `shape` on a running queue-service-only `stack`
     (its workers are started here and stopped after). Returns `{shape, jobs, seconds,
-    jobs_per_s, cpu_us_per_job, usage, verified}`."""
+    jobs_per_s, cpu_us_per_job, steal_seconds, usage, verified}`; `steal_seconds` is the CPU
+    time the hypervisor gave other guests during the burn (`machine.steal_seconds`)."""
     label = f"burn-down {shape.label}"
     await prepare_backlog(connection, jobs)
     indexes = range(shape.replicas)
@@ -111,6 +113,7 @@ async def burn_once(
         own = frozenset({connection.get_server_pid(), gate.get_server_pid()})
         classes = stack_pids(stack, "queue", "workers")
         meter = ctx.meter(classes, stack.database_url, own).start()
+        stolen = steal_seconds()
         before = await database.completed_count(connection)
         await hold.commit()
     finally:
@@ -119,6 +122,7 @@ async def burn_once(
         await wait_completed(connection, jobs, ctx.progress, label, within, stack)
     finally:
         usage = meter.stop()
+        stolen = steal_seconds() - stolen
         for index in indexes:
             stack.stop_process(f"worker{index + 1}")
     seconds = await database.burn_window(connection)
@@ -132,6 +136,7 @@ async def burn_once(
         "seconds": round(seconds, 3),
         "jobs_per_s": round(jobs / seconds, 1) if seconds > 0 else 0.0,
         "cpu_us_per_job": cpu,
+        "steal_seconds": round(stolen, 2),
         "usage": usage,
         "verified": verified,
     }

@@ -7,6 +7,14 @@ import platform
 from typing import Any
 
 import asyncpg
+import psutil
+
+
+def steal_seconds() -> float:
+    """CPU seconds the hypervisor gave other guests while this one wanted them (`steal` of
+    /proc/stat, summed over the cores; 0 where the platform does not report it). A run that
+    saw more steal ran on a slower machine than its neighbour."""
+    return float(getattr(psutil.cpu_times(), "steal", 0.0))
 
 
 def load_average() -> list[float]:

@@ -104,7 +104,12 @@ def test_compare_reports_medians_and_after_to_before_ratios() -> None:
     assert summary["ratio_after_to_before"]["burn_jobs_per_s"] == 0.55
     assert summary["ratio_after_to_before"]["ingest_800_p95_ms"] == round(20 / 30, 3)
     assert summary["before"]["ingest_800"]["dropped"] == 3
-    assert "| submits 800/s: p95 ms (failed+dropped) | 30 (3) | 20 (3) |" in _table(summary, [800])
+    # Within each round: 1.1, 0.3, 0.6; their median, not the ratio of the medians.
+    assert summary["ratio_after_to_before"]["burn_jobs_per_s_per_round"] == [1.1, 0.3, 0.6]
+    assert summary["ratio_after_to_before"]["burn_jobs_per_s_paired_median"] == 0.6
+    table = _table(summary, [800])
+    assert "| submits 800/s: p95 ms (failed+dropped) | 30 (3) | 20 (3) |" in table
+    assert "| 1.1 / 0.3 / 0.6 (median 0.6) |" in table
 
 
 def test_cpu_per_accepted_request_leaves_the_load_generator_out_of_the_server_total() -> None:
