@@ -469,8 +469,25 @@ DepthSource = Literal["redis", "postgres"]
 count in PostgreSQL made for this request."""
 
 
+ACTOR_MAX = 200
+"""Characters of a recorded actor (`QueueChange.by`)."""
+
+
+class QueueChange(_Wire):
+    """The last change an operator made to a queue's state: when (`at`), by whom (`by`: the
+    caller as the producer identified it, `<role>:<tenant>:key-<first 12 hex digits of the
+    key's SHA-256>`, or what a direct caller of the queue service named), and what
+    (`pause` or `resume`)."""
+
+    at: datetime
+    by: str
+    what: Literal["pause", "resume"]
+
+
 class QueueDepth(_Wire):
-    """Per-queue counts of `GET /queues` (approximate when served from the Redis cache)."""
+    """Per-queue counts of `GET /queues` (approximate when served from the Redis cache), and
+    whether the queue is paused (since `pausedAt`; read from PostgreSQL when it answers) with
+    its last change."""
 
     queue: str
     pending: int
@@ -480,6 +497,18 @@ class QueueDepth(_Wire):
     oldest_pending_age_seconds: float
     source: DepthSource
     refreshed_at: datetime
+    paused: bool = False
+    paused_at: datetime | None = None
+    last_change: QueueChange | None = None
+
+
+class QueueState(_Wire):
+    """`POST /queues/{queue}/pause|resume` reply: the queue's state after the change."""
+
+    queue: str
+    paused: bool
+    paused_at: datetime | None
+    last_change: QueueChange
 
 
 class QueuesResponse(_Wire):

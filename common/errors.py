@@ -94,6 +94,14 @@ class JobNotFound(JobqError):
     title = "Job not found"
 
 
+class QueueNotFound(JobqError):
+    """No queue of that name has a job or was ever paused (404)."""
+
+    status = 404
+    slug = "queue-not-found"
+    title = "Queue not found"
+
+
 class StaleReceiptHandle(JobqError):
     """The receipt handle is not the job's latest: the lease was lost (409).
 
@@ -228,6 +236,7 @@ _BY_SLUG: dict[str, type[JobqError]] = {
         Unauthorized,
         Forbidden,
         JobNotFound,
+        QueueNotFound,
         StaleReceiptHandle,
         IdempotencyConflict,
         InvalidState,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+import urllib.parse
 import uuid
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
@@ -25,6 +26,7 @@ from common.contracts import (
     JobStatus,
     JobView,
     ListView,
+    QueueState,
     RedriveRequest,
     RedriveResponse,
     SubmitJobRequest,
@@ -60,6 +62,12 @@ def _retryable(exc: JobqError) -> bool:
     # 503s and 504s (the producer or the queue service could not answer now) and transport
     # failures; a misconfigured deployment will not heal by asking again.
     return isinstance(exc, ServiceUnavailable) and not isinstance(exc, UpstreamMisconfigured)
+
+
+def _segment(name: str) -> str:
+    """`name` as one URL path segment (percent-encoded), so a bad name reaches the server,
+    which refuses it (422), rather than another route."""
+    return urllib.parse.quote(name, safe="")
 
 
 class Client:
@@ -199,6 +207,16 @@ class Client:
         """Move dead-lettered jobs back to PENDING (admin key); returns how many moved."""
         body = RedriveRequest(queue=queue, task_type=task_type, limit=limit)
         return self._call("POST", "/dead-letter/redrive", RedriveResponse, body).moved
+
+    def pause(self, queue: str) -> QueueState:
+        """Pause `queue` (an admin key of tenant `*`): it keeps taking submits but hands out
+        nothing until `resume`; running jobs finish. Returns its state. Raises Forbidden for
+        another key, QueueNotFound for a queue that has no job and was never paused."""
+        return self._call("POST", f"/queues/{_segment(queue)}/pause", QueueState)
+
+    def resume(self, queue: str) -> QueueState:
+        """Resume a paused `queue` (an admin key of tenant `*`); returns its state."""
+        return self._call("POST", f"/queues/{_segment(queue)}/resume", QueueState)
 
     def _call(
         self,

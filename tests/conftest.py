@@ -90,10 +90,10 @@ async def database_url(postgres_base: str, template_database: str) -> AsyncItera
 
 @pytest.fixture
 async def clean_database(database_url: str) -> str:
-    """The test database with empty job and schedule tables."""
+    """The test database with empty job, schedule and queue_control tables."""
     connection = await asyncpg.connect(database_url)
     try:
-        await connection.execute("TRUNCATE job, schedule")
+        await connection.execute("TRUNCATE job, schedule, queue_control")
     finally:
         await connection.close()
     return database_url

@@ -17,7 +17,7 @@ import logging
 import re
 import sys
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import Request
@@ -56,6 +56,16 @@ class Caller:
 
     role: Role
     tenant: str
+    key_id: str = field(default="", compare=False)
+    """The first 12 hex digits of the key's SHA-256 ("" for open access): names the key in
+    records (who paused a queue) without revealing it."""
+
+    @property
+    def actor(self) -> str:
+        """How records name this caller: `<role>:<tenant>:key-<key_id>`, or `open-access`."""
+        if not self.key_id:
+            return "open-access"
+        return f"{self.role}:{self.tenant}:key-{self.key_id}"
 
     @property
     def scope(self) -> str | None:
@@ -97,7 +107,7 @@ def _parse_entry(entry: str, where: str) -> tuple[str, Caller]:
         raise ValueError(f"{where}: only admin keys may have the tenant *")
     if len(key) < 16 or any(c.isspace() for c in key):
         raise ValueError(f"{where}: keys need 16+ characters and no spaces")
-    return key, Caller(Role(role), tenant)
+    return key, Caller(Role(role), tenant, key_id=hashlib.sha256(key.encode()).hexdigest()[:12])
 
 
 def _entries(spec: str, source: str, lines: bool) -> list[tuple[str, str]]:
@@ -108,8 +118,8 @@ def _entries(spec: str, source: str, lines: bool) -> list[tuple[str, str]]:
         if line.strip().startswith("#"):
             continue
         fields = line.split(",")
-        for position, field in enumerate(fields, 1):
-            entry = field.strip()
+        for position, text in enumerate(fields, 1):
+            entry = text.strip()
             if not entry:
                 continue
             if not lines:

@@ -187,11 +187,13 @@ class ServiceClient:
         deadline: float | None = None,
         params: dict[str, str | int] | None = None,
         carry_deadline: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> Reply:
         """Send one request (body encoded with msgspec) and return its 2xx reply.
 
         `deadline` (seconds, default the client's timeout) bounds the whole call, retries
         included; with `carry_deadline` it is sent along as `X-Jobq-Deadline` (an epoch time).
+        `headers` are sent with this call only.
         Raises the `JobqError` a problem-details reply describes; ServiceUnavailable when
         the service cannot be reached or does not answer in time before the request was sent;
         OutcomeUnknown when it was sent and no answer came (timed out, or the connection
@@ -202,9 +204,11 @@ class ServiceClient:
         url = self.base_url + path
         attempt = 0
         budget = self._timeout if deadline is None else deadline
-        headers = dict(_JSON) if content is not None else {}
+        sent = dict(_JSON) if content is not None else {}
+        if headers:
+            sent.update(headers)
         if carry_deadline:
-            headers[DEADLINE_HEADER] = f"{time.time() + budget:.3f}"
+            sent[DEADLINE_HEADER] = f"{time.time() + budget:.3f}"
         delivery = _Delivery()
         try:
             async with asyncio.timeout(budget), self._slot():
@@ -214,7 +218,7 @@ class ServiceClient:
                             method,
                             url,
                             data=content,
-                            headers=headers or None,
+                            headers=sent or None,
                             params=params,
                             trace_request_ctx=delivery,
                         ) as response:

@@ -186,6 +186,19 @@ def _overview(board: dashboard.Dashboard) -> None:
     )
     board.with_panel(
         single(
+            "Paused queues",
+            "short",
+            # `or vector(0)`: no queue paused reads 0, not "No data".
+            Query(
+                f"count(max by (queue) (jobq_queue_paused{{{QUEUE}}}) == 1) or vector(0)", "paused"
+            ),
+            "Queues an operator paused (POST /queues/{queue}/pause): they take submits and hand "
+            "out nothing. GET /queues says since when and who.",
+            {None: "green", 1: "orange"},
+        )
+    )
+    board.with_panel(
+        single(
             "Depth data age",
             "s",
             Query("time() - max(jobq_depth_refresh_timestamp_seconds)", "age"),

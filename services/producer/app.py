@@ -29,7 +29,7 @@ from services.producer.admission import Admission, payload_checks
 from services.producer.client import QueueServiceClient
 from services.producer.limits import STORE_NAME, TenantWindow, create_store, request_rate_limit
 from services.producer.metrics import ProducerMetrics
-from services.producer.routes import JobController, Producer, redrive
+from services.producer.routes import JobController, Producer, pause_queue, redrive, resume_queue
 from services.producer.settings import ProducerSettings
 
 
@@ -88,7 +88,15 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         return Producer(request.app.state.queue, caller_of(request), admission)
 
     app = Litestar(
-        route_handlers=[JobController, redrive, ready, live, metrics_route(registry)],
+        route_handlers=[
+            JobController,
+            pause_queue,
+            resume_queue,
+            redrive,
+            ready,
+            live,
+            metrics_route(registry),
+        ],
         lifespan=[lifespan],
         dependencies={"producer": Provide(provide_producer, sync_to_thread=False)},
         exception_handlers=exception_handlers(),

@@ -24,6 +24,7 @@ from common.contracts import (
     EnqueueRequest,
     JobList,
     JobView,
+    QueueState,
     RedriveRequest,
     RedriveResponse,
     SubmitJobResponse,
@@ -38,6 +39,7 @@ from common.errors import (
     from_problem,
 )
 from common.web.http import Reply, ServiceClient, decode
+from common.web.queue_params import ACTOR_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +97,7 @@ class QueueServiceClient:
         deadline: float,
         params: dict[str, str | int] | None = None,
         submit: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> Reply:
         """`ServiceClient.call`, with the queue service's refusal of our own credentials
         turned into UpstreamMisconfigured. A `submit` carries its deadline and may raise
@@ -102,7 +105,13 @@ class QueueServiceClient:
         a cancel or a retry is safe to send again and has no id to give."""
         try:
             return await self._http.call(
-                method, path, body, deadline=deadline, params=params, carry_deadline=submit
+                method,
+                path,
+                body,
+                deadline=deadline,
+                params=params,
+                carry_deadline=submit,
+                headers=headers,
             )
         except OutcomeUnknown as exc:
             if submit:
@@ -205,6 +214,18 @@ class QueueServiceClient:
             "POST", f"/jobs/{job_id}/{action}", deadline=self._timeout, params=_scoped(scope)
         )
         return decode(reply, JobView)
+
+    async def set_paused(self, queue: str, paused: bool, actor: str) -> QueueState:
+        """`POST /queues/{queue}/pause` (`paused`) or `/resume` on the queue service, recorded
+        as done by `actor` (`X-Jobq-Actor`)."""
+        action = "pause" if paused else "resume"
+        reply = await self._call(
+            "POST",
+            f"/queues/{queue}/{action}",
+            deadline=self._timeout,
+            headers={ACTOR_HEADER: actor},
+        )
+        return decode(reply, QueueState)
 
     async def redrive(self, request: RedriveRequest, scope: str | None) -> RedriveResponse:
         """Move dead-lettered jobs of the tenant `scope` (None: every tenant) back to PENDING.

@@ -20,15 +20,16 @@ from common.contracts import (
     EnqueueRequest,
     JobList,
     JobView,
+    QueueState,
     RedriveRequest,
     RedriveResponse,
     SubmitJobRequest,
     SubmitJobResponse,
 )
-from common.errors import JobqError, OutcomeUnknown
+from common.errors import Forbidden, JobqError, OutcomeUnknown
 from common.ids import new_job_id
 from common.validation import check_payload
-from common.web.access import ADMIN_ONLY, Caller
+from common.web.access import ADMIN_ONLY, ALL_TENANTS, Caller
 from common.web.app import problems
 from common.web.bodies import StrictJSON, SubmitJSON
 from common.web.list_params import (
@@ -41,6 +42,7 @@ from common.web.list_params import (
     View,
     refuse_unknown_parameters,
 )
+from common.web.queue_params import QueuePath
 from services.producer.admission import Admission
 from services.producer.client import QueueServiceClient
 
@@ -242,6 +244,49 @@ class JobController(Controller):
     ) -> JobView:
         """DEAD_LETTER/CANCELLED → PENDING with attempts and releases reset; 409 otherwise."""
         return await producer.queue.act(job_id, "retry", producer.caller.scope)
+
+
+def _global_admin(producer: Producer) -> Caller:
+    """The caller, when it is an admin of every tenant (`admin:*`): a queue is shared by
+    every tenant that submits to it, so pausing it is not one tenant's decision. Raises
+    Forbidden otherwise."""
+    caller = producer.caller
+    if caller.tenant != ALL_TENANTS:
+        raise Forbidden(
+            "a queue serves every tenant: pausing or resuming it needs an admin key of "
+            "tenant * (admin:*:<key>)"
+        )
+    return caller
+
+
+@post(
+    "/queues/{queue:str}/pause",
+    status_code=200,
+    tags=["queues"],
+    summary="Pause a queue; admin of every tenant",
+    responses=problems(403, 404, RATE_LIMITED),
+    opt=ADMIN_ONLY,
+)
+async def pause_queue(queue: QueuePath, producer: NamedDependency[Producer]) -> QueueState:
+    """The queue keeps taking submits but hands out nothing, on every queue-service replica,
+    from the next claim on; running jobs finish; workers' long polls wait. Recorded with the
+    caller's key id. 404 for a queue that has no job and was never paused."""
+    caller = _global_admin(producer)
+    return await producer.queue.set_paused(queue, True, caller.actor)
+
+
+@post(
+    "/queues/{queue:str}/resume",
+    status_code=200,
+    tags=["queues"],
+    summary="Resume a paused queue; admin of every tenant",
+    responses=problems(403, 404, RATE_LIMITED),
+    opt=ADMIN_ONLY,
+)
+async def resume_queue(queue: QueuePath, producer: NamedDependency[Producer]) -> QueueState:
+    """The queue hands out jobs again; waiting workers are woken at once."""
+    caller = _global_admin(producer)
+    return await producer.queue.set_paused(queue, False, caller.actor)
 
 
 @post(

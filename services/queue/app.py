@@ -35,7 +35,7 @@ from services.queue.depth import DepthCache
 from services.queue.metrics import QueueMetrics
 from services.queue.recurring import Recurring
 from services.queue.repository import JobRepository, create_pool
-from services.queue.routes import JobController, queues, redrive
+from services.queue.routes import JobController, pause_queue, queues, redrive, resume_queue
 from services.queue.schedules import parse_schedules
 from services.queue.service import QueueService
 from services.queue.settings import QueueSettings, plain_database_url
@@ -241,7 +241,16 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         return cache
 
     app = Litestar(
-        route_handlers=[JobController, queues, redrive, ready, live, metrics_route(registry)],
+        route_handlers=[
+            JobController,
+            queues,
+            pause_queue,
+            resume_queue,
+            redrive,
+            ready,
+            live,
+            metrics_route(registry),
+        ],
         lifespan=[lifespan],
         dependencies={
             "service": Provide(provide_service, sync_to_thread=False),

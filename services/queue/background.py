@@ -139,12 +139,15 @@ class Retention:
 async def refresh_depth(
     repository: JobRepository, cache: DepthCache, metrics: QueueMetrics
 ) -> None:
-    """Read depth from PostgreSQL, publish it as gauges and cache it in Redis; then read the
+    """Read depth and the queues' pause states from PostgreSQL, publish them as gauges and
+    cache them in Redis; then read the
     database's health (one cheap statement) and publish it too. The freshness gauges record
     when the depth read and the cache write last succeeded (the staleness alerts read them)."""
     rows = await repository.depth()
+    states = await repository.queue_states()
     metrics.observe_depth(rows)
+    metrics.observe_paused(states)
     metrics.depth_refreshed.set_to_current_time()
-    if await cache.store(rows) and metrics.depth_cache_written is not None:
+    if await cache.store(rows, states) and metrics.depth_cache_written is not None:
         metrics.depth_cache_written.set_to_current_time()
     metrics.observe_health(await repository.health())

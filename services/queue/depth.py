@@ -1,7 +1,9 @@
 """Queue depth, cached in Redis (an accelerator, never a dependency).
 
 `GET /queues` answers from the cache while it is fresh; with Redis down or the entry expired it
-counts in PostgreSQL instead and says so in `source`.
+counts in PostgreSQL instead and says so in `source`. Whether a queue is paused is read from
+PostgreSQL on every call (an operator who just paused a queue sees it paused), and from the
+cached snapshot only while PostgreSQL does not answer.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from common.contracts import DepthSource, JobStatus, QueueDepth, QueuesResponse
+from common.contracts import DepthSource, JobStatus, QueueDepth, QueuesResponse, QueueState
+from common.errors import ServiceUnavailable
 from services.queue.readings import DepthRow
 from services.queue.repository import JobRepository
 
@@ -52,6 +55,35 @@ def summarise(
     ]
 
 
+def with_states(
+    queues: list[QueueDepth], states: list[QueueState], source: DepthSource, at: datetime
+) -> list[QueueDepth]:
+    """`queues` with each queue's pause state from `states`; a paused queue without jobs gets
+    an entry of its own (zero counts, `source` and `at` as the reply's), so it is never
+    hidden. Sorted by queue name."""
+    by_queue = {state.queue: state for state in states}
+    merged: list[QueueDepth] = []
+    for depth in queues:
+        state = by_queue.pop(depth.queue, None)
+        if state is None:
+            merged.append(msgspec.structs.replace(depth, paused=False, paused_at=None))
+        else:
+            merged.append(_stated(depth, state))
+    for state in by_queue.values():
+        empty = QueueDepth(
+            queue=state.queue, pending=0, scheduled=0, processing=0, dead_letter=0,
+            oldest_pending_age_seconds=0.0, source=source, refreshed_at=at,
+        )  # fmt: skip
+        merged.append(_stated(empty, state))
+    return sorted(merged, key=lambda depth: depth.queue)
+
+
+def _stated(depth: QueueDepth, state: QueueState) -> QueueDepth:
+    return msgspec.structs.replace(
+        depth, paused=state.paused, paused_at=state.paused_at, last_change=state.last_change
+    )
+
+
 class DepthCache:
     """Depth snapshots in Redis under `jobq:depth`, expiring after `ttl` seconds."""
 
@@ -59,13 +91,14 @@ class DepthCache:
         self._client = client
         self._ttl_ms = max(1, int(ttl * 1000))
 
-    async def store(self, rows: list[DepthRow]) -> bool:
-        """Cache a snapshot; True when Redis took it. A Redis failure is logged and otherwise
-        ignored (False), as is a cache that is switched off."""
+    async def store(self, rows: list[DepthRow], states: list[QueueState]) -> bool:
+        """Cache a snapshot of the depth `rows` with the queues' pause `states`; True when
+        Redis took it. A Redis failure is logged and otherwise ignored (False), as is a cache
+        that is switched off."""
         if self._client is None:
             return False
         now = datetime.now(UTC)
-        snapshot = _Snapshot(now, summarise(rows, "redis", now))
+        snapshot = _Snapshot(now, with_states(summarise(rows, "redis", now), states, "redis", now))
         try:
             await self._client.set(DEPTH_KEY, msgspec.json.encode(snapshot), px=self._ttl_ms)
         except (RedisError, OSError) as exc:
@@ -104,12 +137,19 @@ class DepthCache:
 
 async def current_depth(repository: JobRepository, cache: DepthCache) -> QueuesResponse:
     """Depth per queue: from the Redis cache when fresh, else counted in PostgreSQL (at the
-    database's time); the reply says which, even when there are no queues."""
+    database's time); the reply says which, even when there are no queues. Pause states come
+    from PostgreSQL (`with_states`), or from the cached snapshot while it does not answer."""
     cached = await cache.load()
     if cached is not None:
-        return cached
+        try:
+            states = await repository.queue_states()
+        except ServiceUnavailable:
+            return cached  # with the pause states of its own refresh
+        queues = with_states(cached.queues, states, "redis", cached.refreshed_at)
+        return QueuesResponse(queues=queues, source="redis", refreshed_at=cached.refreshed_at)
     rows = await repository.depth()
     now = await repository.now()
-    return QueuesResponse(
-        queues=summarise(rows, "postgres", now), source="postgres", refreshed_at=now
+    queues = with_states(
+        summarise(rows, "postgres", now), await repository.queue_states(), "postgres", now
     )
+    return QueuesResponse(queues=queues, source="postgres", refreshed_at=now)

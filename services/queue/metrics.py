@@ -6,7 +6,7 @@ import math
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from common.contracts import JobStatus
+from common.contracts import JobStatus, QueueState
 from common.metrics import OTHER, BoundedLabel, nameable
 from services.queue.readings import DEPTH_STATUSES, LIVE_STATUSES, DatabaseHealth, DepthRow
 
@@ -73,6 +73,14 @@ class QueueMetrics:
             ["schedule"],
             registry=registry,
         )
+        self.paused = Gauge(
+            "jobq_queue_paused",
+            "1 while the queue is paused (POST /queues/{queue}/pause), 0 once resumed; a series "
+            "for each queue that was ever paused (paused ones first, at most the label limit).",
+            ["queue"],
+            registry=registry,
+        )
+        self._paused_queues: set[str] = set()
         self.lease_expired = Counter(
             "jobq_lease_expired", "Leases the reaper found expired.", ["queue"], registry=registry
         )
@@ -198,6 +206,17 @@ class QueueMetrics:
         self.dead_tuples.labels("job").set(health.dead_tuples)
         age = health.last_vacuum_age_seconds
         self.last_vacuum_age.labels("job").set(math.nan if age is None else age)
+
+    def observe_paused(self, states: list[QueueState]) -> None:
+        """Publish which queues are paused in `jobq_queue_paused`: the paused ones first, then
+        the resumed ones, `label_limit` series at most; a queue left out loses its series."""
+        shown = sorted(states, key=lambda state: (not state.paused, state.queue))
+        shown = shown[: self._label_limit]
+        for queue in self._paused_queues - {state.queue for state in shown}:
+            self.paused.remove(queue)
+        for state in shown:
+            self.paused.labels(state.queue).set(1 if state.paused else 0)
+        self._paused_queues = {state.queue for state in shown}
 
     def observe_depth(self, rows: list[DepthRow]) -> None:
         """Publish a fresh depth snapshot in `jobq_jobs` and `jobq_oldest_pending_age_seconds`.

@@ -1,5 +1,6 @@
 """The `job` table (docs/architecture.md#storage) with its named partial indexes, and the
-`schedule` table that remembers which cron bucket each recurring schedule last fired.
+`schedule` table that remembers which cron bucket each recurring schedule last fired, and the
+`queue_control` table of queues operators paused.
 
 This module is the schema's source of truth; every change ships as an alembic revision, and a
 test runs `alembic check` to prove the migrations and this module agree.
@@ -143,3 +144,18 @@ class ScheduleState(Base):
     last_bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     last_job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     fired_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class QueueControl(Base):
+    """A queue's run-time state, set by operators (`POST /queues/{queue}/pause|resume`): paused
+    since `paused_at` (NULL: running), and its last change (when, by whom, what). No row
+    means a queue that was never paused. The claim reads it (docs/architecture.md#flow-control).
+    """
+
+    __tablename__ = "queue_control"
+
+    queue: Mapped[str] = mapped_column(String(64), primary_key=True)
+    paused_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    changed_by: Mapped[str] = mapped_column(Text)
+    change: Mapped[str] = mapped_column(Text)

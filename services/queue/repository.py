@@ -42,6 +42,8 @@ from common.contracts import (
     JobStatus,
     JobView,
     ListedJob,
+    QueueChange,
+    QueueState,
 )
 from common.drivers import AsyncpgExecutor
 from common.enqueue import WAKEUP_CHANNEL, Existing, Inserted, JobRow
@@ -153,6 +155,15 @@ def _to_view(row: asyncpg.Record) -> JobView:
     )
 
 
+def _to_state(row: asyncpg.Record) -> QueueState:
+    return QueueState(
+        queue=row["queue"],
+        paused=row["paused_at"] is not None,
+        paused_at=row["paused_at"],
+        last_change=QueueChange(at=row["changed_at"], by=row["changed_by"], what=row["change"]),
+    )
+
+
 def _to_listed(row: asyncpg.Record, full: bool) -> ListedJob:
     listed = ListedJob(**_summary_fields(row))
     if full:
@@ -243,14 +254,21 @@ def _notify_ready(source: str) -> str:
 # however long the backlog, never a sort of every waiting job. Rows locked by another claimer
 # are skipped, not waited for, so claimers never block each other and never share a row.
 # Rows a walk locked but the merge did not pick are unlocked at the end of the statement.
-# Parameters: $1 queues, $2 max, $3 worker, $4 visibility timeout (seconds).
+# Parameters: $1 queues, $2 max, $3 worker, $4 visibility timeout (seconds). A claim that
+# began before a pause committed may still take that queue's jobs (its snapshot predates it):
+# such jobs have a `claimed_at` before the pause's commit.
 _CLAIM_CTES = f"""
 picked AS (
     SELECT candidate.id,
            -- Claim order, computed here: the rows come back from the UPDATE in no order.
            row_number() OVER (
                ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id) AS rank
-    FROM unnest($1::text[]) AS wanted(queue)
+    -- A paused queue hands out nothing: its walk is never made (one primary-key probe of the
+    -- small queue_control table per queue asked for; docs/architecture.md#flow-control).
+    FROM (SELECT asked.queue FROM unnest($1::text[]) AS asked(queue)
+          WHERE NOT EXISTS (SELECT FROM queue_control AS control
+                            WHERE control.queue = asked.queue
+                              AND control.paused_at IS NOT NULL)) AS wanted
     CROSS JOIN LATERAL (
         SELECT id, priority, ready_at FROM job
         WHERE status = 'PENDING' AND queue = wanted.queue
@@ -315,6 +333,28 @@ FROM acked
 """
 
 _LEASES = "SELECT id, lease_id, status FROM job WHERE id = ANY($1::uuid[])"
+
+_CONTROL_COLUMNS = "queue, paused_at, changed_at, changed_by, change"
+
+# Pause ($2 true) or resume a queue that has jobs or was paused before; pausing a paused queue
+# keeps the time it was first paused. No row comes back for a queue nobody knows.
+_SET_PAUSED = f"""
+INSERT INTO queue_control AS control (queue, paused_at, changed_at, changed_by, change)
+SELECT $1::text, CASE WHEN $2::bool THEN statement_timestamp() END, statement_timestamp(),
+       $3::text, CASE WHEN $2::bool THEN 'pause' ELSE 'resume' END
+WHERE EXISTS (SELECT FROM job WHERE queue = $1::text)
+   OR EXISTS (SELECT FROM queue_control WHERE queue = $1::text)
+ON CONFLICT (queue) DO UPDATE
+    SET paused_at = CASE WHEN $2 THEN COALESCE(control.paused_at, statement_timestamp()) END,
+        changed_at = EXCLUDED.changed_at, changed_by = EXCLUDED.changed_by,
+        change = EXCLUDED.change
+RETURNING {_CONTROL_COLUMNS}
+"""
+
+# A resumed queue's long polls, on every replica, are woken to claim at once.
+_WAKE_ALL = f"SELECT pg_notify('{WAKEUP_CHANNEL}', $1::text || ':' || {INT_MAX})"
+
+_CONTROLS = f"SELECT {_CONTROL_COLUMNS} FROM queue_control ORDER BY queue"
 
 
 def _append_error(entry: str) -> str:
@@ -1209,6 +1249,21 @@ ORDER BY id DESC"""
         return [
             DepthRow(r["queue"], JobStatus(r["status"]), r["count"], r["oldest_age"]) for r in rows
         ]
+
+    async def set_paused(self, queue: str, paused: bool, actor: str) -> QueueState | None:
+        """Pause (`paused`) or resume `queue`, recording `actor` as who did it, and on resume
+        wake the queue's long polls on every replica (NOTIFY, delivered at commit). Returns
+        the queue's state after the change; None, changing nothing, for a queue that has no
+        job and was never paused (a typo must not look like a pause)."""
+        async with self._connection() as conn, conn.transaction():
+            row = await conn.fetchrow(_SET_PAUSED, queue, paused, actor)
+            if row is not None and not paused:
+                await conn.execute(_WAKE_ALL, queue)
+        return None if row is None else _to_state(row)
+
+    async def queue_states(self) -> list[QueueState]:
+        """The state of every queue that was ever paused, by name."""
+        return [_to_state(row) for row in await self._fetch(_CONTROLS)]
 
     async def now(self) -> datetime:
         """The database's clock (`statement_timestamp()`), which decides every visibility."""

@@ -45,6 +45,7 @@ from common.contracts import (
     JobList,
     JobView,
     QueuesResponse,
+    QueueState,
     RedriveRequest,
     RedriveResponse,
     SubmitJobResponse,
@@ -63,6 +64,7 @@ from common.web.list_params import (
     View,
     refuse_unknown_parameters,
 )
+from common.web.queue_params import Actor, QueuePath
 from services.queue.depth import DepthCache
 from services.queue.repository import Claimed
 from services.queue.service import QueueService
@@ -403,13 +405,44 @@ async def redrive(
     return RedriveResponse(moved=moved)
 
 
+@post(
+    "/queues/{queue:str}/pause",
+    status_code=200,
+    tags=["queues"],
+    summary="Pause a queue: it takes submits but hands out nothing",
+    responses=problems(404),
+)
+async def pause_queue(
+    queue: QueuePath, service: NamedDependency[QueueService], actor: Actor = None
+) -> QueueState:
+    """From the next claim statement on, on every replica, the queue hands out no job;
+    running jobs finish and settle; long polls wait (then answer 204). 404 for a queue that
+    has no job and was never paused."""
+    return await service.set_paused(queue, True, actor or "queue-service")
+
+
+@post(
+    "/queues/{queue:str}/resume",
+    status_code=200,
+    tags=["queues"],
+    summary="Resume a paused queue",
+    responses=problems(404),
+)
+async def resume_queue(
+    queue: QueuePath, service: NamedDependency[QueueService], actor: Actor = None
+) -> QueueState:
+    """The queue hands out jobs again; its long polls on every replica are woken at once."""
+    return await service.set_paused(queue, False, actor or "queue-service")
+
+
 @get("/queues", tags=["queues"], summary="Queue depth", responses=problems())
 async def queues(
     service: NamedDependency[QueueService], depth_cache: NamedDependency[DepthCache]
 ) -> QueuesResponse:
     """Per-queue counts (from the Redis cache when fresh, else PostgreSQL), with `source` and
-    `refreshedAt` saying which and when."""
+    `refreshedAt` saying which and when, and whether each queue is paused (since when, and
+    its last change)."""
     return await service.queue_depth(depth_cache)
 
 
-__all__ = ["JobController", "queues", "redrive"]
+__all__ = ["JobController", "pause_queue", "queues", "redrive", "resume_queue"]

@@ -43,6 +43,7 @@ from common.contracts import (
     JobView,
     ListView,
     QueuesResponse,
+    QueueState,
 )
 from common.enqueue import JobRow, Submitted, insert_jobs, job_row
 from common.errors import (
@@ -51,6 +52,7 @@ from common.errors import (
     InvalidState,
     JobNotFound,
     JobqError,
+    QueueNotFound,
     StaleReceiptHandle,
 )
 from common.ids import new_job_id
@@ -521,6 +523,24 @@ class QueueService:
             )
         logger.info("job retried by request", extra={"event": "job_retried", "job_id": str(job_id)})
         return view
+
+    async def set_paused(self, queue: str, paused: bool, actor: str) -> QueueState:
+        """Pause (`paused`) or resume `queue`, as `actor`: a paused queue still takes submits
+        but its claims, on every replica, hand out nothing from the next claim statement on;
+        resuming wakes its long polls everywhere. Pausing a paused queue (or resuming a running
+        one) changes nothing but the record of the last change. Raises QueueNotFound for a
+        queue that has no job and was never paused, ServiceUnavailable when the database is."""
+        state = await self._repository.set_paused(queue, paused, actor)
+        if state is None:
+            raise QueueNotFound(f"queue {queue!r} has no job and was never paused; check its name")
+        logger.warning(
+            "queue %s %s by %s",
+            queue,
+            "paused" if paused else "resumed",
+            actor,
+            extra={"event": "queue_paused" if paused else "queue_resumed", "queue": queue},
+        )
+        return state
 
     async def redrive(
         self,

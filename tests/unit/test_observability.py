@@ -122,7 +122,9 @@ def test_every_stat_panel_colours_its_value_by_thresholds() -> None:
     looked healthy): each has absolute steps, a base colour and ascending values, and says
     both healthy (green) and broken (red)."""
     panels = _stat_panels()
-    assert len(panels) == 6
+    assert len(panels) == 7
+    # A paused queue is an operator's decision, not a fault: orange, never red.
+    decisions = {"Paused queues"}
     for title, panel in panels.items():
         defaults = panel["fieldConfig"]["defaults"]
         assert defaults["color"] == {"mode": "thresholds"}, title
@@ -133,6 +135,9 @@ def test_every_stat_panel_colours_its_value_by_thresholds() -> None:
         values = [step["value"] for step in steps[1:]]
         assert values == sorted(values) and len(set(values)) == len(values), title
         colours = [step["color"] for step in steps]
+        if title in decisions:
+            assert colours == ["green", "orange"], title
+            continue
         assert {"green", "red"} <= set(colours) <= {"green", "orange", "red"}, title
 
 
@@ -143,6 +148,8 @@ def test_stat_colours_read_as_an_operator_would() -> None:
     assert colour(panels["Live workers"], 2) == "green"
     assert colour(panels["Dead letters"], 0) == "green"
     assert colour(panels["Dead letters"], 3) == "red"
+    assert colour(panels["Paused queues"], 0) == "green"
+    assert colour(panels["Paused queues"], 1) == "orange"
     assert colour(panels["Producer 5xx ratio"], 0) == "green"
     assert colour(panels["Oldest pending"], 90) == "orange"
 
