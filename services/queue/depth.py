@@ -66,7 +66,9 @@ def with_states(
     for depth in queues:
         state = by_queue.pop(depth.queue, None)
         if state is None:
-            merged.append(msgspec.structs.replace(depth, paused=False, paused_at=None))
+            merged.append(
+                msgspec.structs.replace(depth, paused=False, paused_at=None, last_change=None)
+            )
         else:
             merged.append(_stated(depth, state))
     for state in by_queue.values():
