@@ -16,8 +16,9 @@ ratio within each round, whose median is the figure to quote: the host's speed d
 run by more than most changes move it, and the two sides of one round share its moment; the
 CPU time stolen by the hypervisor during each burn-down is kept beside it), and writes the
 JSON to
-`benchmark/results/compare-<stamp>.json`. Both sides use this checkout's schema (the
-comparison is meaningless across a migration the earlier code does not know).
+`benchmark/results/compare-<stamp>.json`. Each side's databases are migrated by its own
+revision's migrations, so an earlier revision runs on the schema it knows (its readiness
+refuses any other).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def checkout(revision: str) -> Path:
 
 
 async def _burn(ctx: Context, side: str, root: Path, jobs: int) -> dict[str, Any]:
-    url = await ctx.database(f"compare_burn_{side}")
+    url = await ctx.database(f"compare_burn_{side}", root=root)
     stack = LocalStack(
         url, ctx.redis_url, ctx.logs / f"burn-{side}", workers=DEFAULT_SHAPE.replicas,
         producer_enabled=False, smtp_enabled=False, root=root,
@@ -82,7 +83,7 @@ async def _ingest(
     ctx: Context, side: str, root: Path, rates: list[int], seconds: int
 ) -> list[dict[str, Any]]:
     key = secrets.token_urlsafe(24)
-    url = await ctx.database(f"compare_ingest_{side}")
+    url = await ctx.database(f"compare_ingest_{side}", root=root)
     stack = LocalStack(
         url, ctx.redis_url, ctx.logs / f"ingest-{side}", smtp_enabled=False, root=root,
         environment={"JOBQ_API_KEYS": f"submit:{key}"},

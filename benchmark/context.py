@@ -36,9 +36,13 @@ class Context:
         finally:
             await connection.close()
 
-    async def database(self, name: str, migrated: bool = True) -> str:
-        """A fresh database `jobq_bench_<name>` (see `database.fresh_database`); its URL."""
+    async def database(self, name: str, migrated: bool = True, root: Path | None = None) -> str:
+        """A fresh database `jobq_bench_<name>` (see `database.fresh_database`), or one
+        migrated by the checkout at `root` (`database.migrated_database`: an earlier
+        revision's services need its own schema); its URL."""
         self.created.add(f"jobq_bench_{name}")
+        if root is not None:
+            return await database.migrated_database(self.base_url, f"jobq_bench_{name}", root)
         return await database.fresh_database(self.base_url, f"jobq_bench_{name}", migrated)
 
     async def cleanup(self) -> None:

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -44,17 +45,22 @@ async def drop_database(base_url: str, name: str) -> None:
     await admin_execute(base_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-async def migrated_database(base_url: str, name: str) -> str:
-    """(Re)create database `name` and migrate it (`alembic upgrade head`, as production does);
-    its URL. subprocess.CalledProcessError with alembic's output when the migration fails."""
+async def migrated_database(base_url: str, name: str, root: Path = ROOT) -> str:
+    """(Re)create database `name` and migrate it (`alembic upgrade head`, as production does)
+    with the migrations of the checkout at `root` (default this one); its URL.
+    subprocess.CalledProcessError with alembic's output when the migration fails."""
     await drop_database(base_url, name)
     await admin_execute(base_url, f'CREATE DATABASE "{name}"')
     url = f"{base_url}/{name}"
     await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "alembic", "upgrade", "head"],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": url},
+        cwd=root,
+        env={
+            **os.environ,
+            "DATABASE_URL": url,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+        },
         check=True,
         capture_output=True,
     )

@@ -3,7 +3,7 @@ validation and OpenAPI agree."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from litestar.params import HeaderParameter, Parameter
 
@@ -15,6 +15,13 @@ ACTOR_HEADER = "X-Jobq-Actor"
 QueuePath = Annotated[
     str,
     Parameter(pattern=NAME_PATTERN, description="The queue's name (as jobs name it)."),
+]
+QueueAction = Annotated[
+    Literal["pause", "resume"],
+    Parameter(
+        description="`pause`: the queue takes submits and hands out nothing; `resume`: it "
+        "hands out jobs again, its long polls woken at once."
+    ),
 ]
 Actor = Annotated[
     str | None,

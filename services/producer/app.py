@@ -29,7 +29,7 @@ from services.producer.admission import Admission, payload_checks
 from services.producer.client import QueueServiceClient
 from services.producer.limits import STORE_NAME, TenantWindow, create_store, request_rate_limit
 from services.producer.metrics import ProducerMetrics
-from services.producer.routes import JobController, Producer, pause_queue, redrive, resume_queue
+from services.producer.routes import JobController, Producer, change_queue, redrive
 from services.producer.settings import ProducerSettings
 
 
@@ -90,8 +90,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
     app = Litestar(
         route_handlers=[
             JobController,
-            pause_queue,
-            resume_queue,
+            change_queue,
             redrive,
             ready,
             live,

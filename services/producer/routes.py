@@ -42,7 +42,7 @@ from common.web.list_params import (
     View,
     refuse_unknown_parameters,
 )
-from common.web.queue_params import QueuePath
+from common.web.queue_params import QueueAction, QueuePath
 from services.producer.admission import Admission
 from services.producer.client import QueueServiceClient
 
@@ -260,33 +260,22 @@ def _global_admin(producer: Producer) -> Caller:
 
 
 @post(
-    "/queues/{queue:str}/pause",
+    "/queues/{queue:str}/{action:str}",
     status_code=200,
     tags=["queues"],
-    summary="Pause a queue; admin of every tenant",
+    summary="Pause or resume a queue; admin of every tenant",
     responses=problems(403, 404, RATE_LIMITED),
     opt=ADMIN_ONLY,
 )
-async def pause_queue(queue: QueuePath, producer: NamedDependency[Producer]) -> QueueState:
-    """The queue keeps taking submits but hands out nothing, on every queue-service replica,
-    from the next claim on; running jobs finish; workers' long polls wait. Recorded with the
-    caller's key id. 404 for a queue that has no job and was never paused."""
+async def change_queue(
+    queue: QueuePath, action: QueueAction, producer: NamedDependency[Producer]
+) -> QueueState:
+    """`pause`: the queue keeps taking submits but hands out nothing, on every queue-service
+    replica, from the next claim on; running jobs finish; workers' long polls wait. `resume`:
+    it hands out jobs again, waiting workers woken at once. Recorded with the caller's key
+    id. 404 for a queue that has no job and was never paused."""
     caller = _global_admin(producer)
-    return await producer.queue.set_paused(queue, True, caller.actor)
-
-
-@post(
-    "/queues/{queue:str}/resume",
-    status_code=200,
-    tags=["queues"],
-    summary="Resume a paused queue; admin of every tenant",
-    responses=problems(403, 404, RATE_LIMITED),
-    opt=ADMIN_ONLY,
-)
-async def resume_queue(queue: QueuePath, producer: NamedDependency[Producer]) -> QueueState:
-    """The queue hands out jobs again; waiting workers are woken at once."""
-    caller = _global_admin(producer)
-    return await producer.queue.set_paused(queue, False, caller.actor)
+    return await producer.queue.set_paused(queue, action == "pause", caller.actor)
 
 
 @post(

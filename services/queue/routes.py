@@ -64,7 +64,7 @@ from common.web.list_params import (
     View,
     refuse_unknown_parameters,
 )
-from common.web.queue_params import Actor, QueuePath
+from common.web.queue_params import Actor, QueueAction, QueuePath
 from services.queue.depth import DepthCache
 from services.queue.repository import Claimed
 from services.queue.service import QueueService
@@ -406,33 +406,23 @@ async def redrive(
 
 
 @post(
-    "/queues/{queue:str}/pause",
+    "/queues/{queue:str}/{action:str}",
     status_code=200,
     tags=["queues"],
-    summary="Pause a queue: it takes submits but hands out nothing",
+    summary="Pause or resume a queue",
     responses=problems(404),
 )
-async def pause_queue(
-    queue: QueuePath, service: NamedDependency[QueueService], actor: Actor = None
+async def change_queue(
+    queue: QueuePath,
+    action: QueueAction,
+    service: NamedDependency[QueueService],
+    actor: Actor = None,
 ) -> QueueState:
-    """From the next claim statement on, on every replica, the queue hands out no job;
-    running jobs finish and settle; long polls wait (then answer 204). 404 for a queue that
-    has no job and was never paused."""
-    return await service.set_paused(queue, True, actor or "queue-service")
-
-
-@post(
-    "/queues/{queue:str}/resume",
-    status_code=200,
-    tags=["queues"],
-    summary="Resume a paused queue",
-    responses=problems(404),
-)
-async def resume_queue(
-    queue: QueuePath, service: NamedDependency[QueueService], actor: Actor = None
-) -> QueueState:
-    """The queue hands out jobs again; its long polls on every replica are woken at once."""
-    return await service.set_paused(queue, False, actor or "queue-service")
+    """`pause`: from the next claim statement on, on every replica, the queue hands out no
+    job; running jobs finish and settle; long polls wait (then answer 204). `resume`: it hands
+    out jobs again, its long polls on every replica woken at once. 404 for a queue that has no
+    job and was never paused."""
+    return await service.set_paused(queue, action == "pause", actor or "queue-service")
 
 
 @get("/queues", tags=["queues"], summary="Queue depth", responses=problems())
@@ -445,4 +435,4 @@ async def queues(
     return await service.queue_depth(depth_cache)
 
 
-__all__ = ["JobController", "pause_queue", "queues", "redrive", "resume_queue"]
+__all__ = ["JobController", "change_queue", "queues", "redrive"]

@@ -166,6 +166,7 @@ async def test_a_paused_queue_without_jobs_is_listed(
         ("/queues/email/pause", {"X-Jobq-Actor": "x" * 201}, 422, "invalid-input"),
         ("/queues/email/pause", {"X-Jobq-Actor": "tab\there"}, 422, "invalid-input"),
         ("/queues/email/pause?force=1", {}, 422, "invalid-input"),
+        ("/queues/email/stop", {}, 422, "invalid-input"),
     ],
 )
 async def test_bad_pause_requests_are_problems_that_change_nothing(
