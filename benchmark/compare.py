@@ -7,14 +7,16 @@ change's effect on the hot paths is measured in one run rather than against figu
 another day (the host's speed moves between runs; see benchmark/README.md). Per round and side:
 
 - a burn-down of `--jobs` pre-inserted `noop` jobs by the default shape (2 x 32), jobs/s and
-  CPU per job across every process (`benchmark.burndown.burn_once`);
+  CPU per job across every process (`benchmark.burndown.burn_once`), after a `CHECKPOINT`, so
+  a checkpoint owed to the previous side's writes does not land in this side's window;
 - open-loop single submits through the producer (k6) at each of `--rates`, p50/p95 and CPU
   per request by process (`benchmark.ingest.run_step`).
 
 Prints progress, a table of medians and the ratio after/before (for the burn-down also the
 ratio within each round, whose median is the figure to quote: the host's speed drifts over a
 run by more than most changes move it, and the two sides of one round share its moment; the
-CPU time stolen by the hypervisor during each burn-down is kept beside it), and writes the
+CPU time stolen by the hypervisor during each burn-down is kept beside it, with the jobs per
+claim the queue service handed out), and writes the
 JSON to
 `benchmark/results/compare-<stamp>.json`. Each side's databases are migrated by its own
 revision's migrations, so an earlier revision runs on the schema it knows (its readiness
@@ -35,6 +37,7 @@ from statistics import median
 from typing import Any
 
 import asyncpg
+import httpx
 
 from benchmark import burndown, ingest
 from benchmark.context import Context, stack_pids
@@ -73,10 +76,37 @@ async def _burn(ctx: Context, side: str, root: Path, jobs: int) -> dict[str, Any
     await stack.start(workers=0)
     connection = await asyncpg.connect(url)
     try:
-        return await burndown.burn_once(ctx, stack, connection, DEFAULT_SHAPE, jobs, 600)
+        await _quiet_database(connection)
+        result = await burndown.burn_once(ctx, stack, connection, DEFAULT_SHAPE, jobs, 600)
+        result["jobs_per_claim"] = await _jobs_per_claim(stack.queue)
+        return result
     finally:
         await connection.close()
         stack.stop()
+
+
+async def _quiet_database(connection: asyncpg.Connection) -> None:
+    """Flush dirty pages (`CHECKPOINT`) before a measurement, so a checkpoint owed to the
+    previous side's writes (its submits) does not land in this side's window. Needs a
+    superuser (the development server's `postgres`); skipped, with a note, without one."""
+    try:
+        await connection.execute("CHECKPOINT")
+    except asyncpg.InsufficientPrivilegeError:
+        print("bench-compare: CHECKPOINT needs a superuser; measuring without it")
+
+
+async def _jobs_per_claim(queue_url: str) -> float | None:
+    """Jobs per claim the queue service handed out (`jobq_claim_batch_size`'s sum / count,
+    from its /metrics): equal on both sides unless a change altered how workers claim."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        text = (await client.get(f"{queue_url}/metrics")).text
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("jobq_claim_batch_size_sum", "jobq_claim_batch_size_count"):
+            values[name] = float(value)
+    count = values.get("jobq_claim_batch_size_count", 0.0)
+    return round(values["jobq_claim_batch_size_sum"] / count, 2) if count else None
 
 
 async def _ingest(
@@ -97,6 +127,11 @@ async def _ingest(
         steps = []
         for rate in rates:
             await ingest.truncate(url, "job")
+            connection = await asyncpg.connect(url)
+            try:
+                await _quiet_database(connection)
+            finally:
+                await connection.close()
             steps.append(await ingest.run_step(ctx, target, rate, seconds, ctx.logs))
             await asyncio.sleep(1.0)
         return steps
@@ -113,6 +148,7 @@ def _summary(rounds: list[dict[str, Any]], rates: list[int]) -> dict[str, Any]:
             "burn_jobs_per_s": median(b["jobs_per_s"] for b in burns),
             "burn_cpu_us_per_job": median(b["cpu_us_per_job"].get("total", 0) for b in burns),
             "burn_steal_seconds": [b.get("steal_seconds", 0.0) for b in burns],
+            "burn_jobs_per_claim": [b.get("jobs_per_claim") for b in burns],
         }
         for index, rate in enumerate(rates):
             steps = [r[side]["ingest"][index] for r in rounds]
@@ -208,6 +244,9 @@ def _table(summary: dict[str, Any], rates: list[int]) -> str:
         f"| burn-down, after/before within each round | | | "
         f"{' / '.join(str(r) for r in ratio['burn_jobs_per_s_per_round'])} "
         f"(median {ratio['burn_jobs_per_s_paired_median']}) |",
+        f"| burn-down, jobs per claim (each round) | "
+        f"{' / '.join(str(j) for j in before['burn_jobs_per_claim'])} | "
+        f"{' / '.join(str(j) for j in after['burn_jobs_per_claim'])} | |",
         f"| CPU per job, µs (every process) | {before['burn_cpu_us_per_job']:,.0f} | "
         f"{after['burn_cpu_us_per_job']:,.0f} | {ratio['burn_cpu_us_per_job']} |",
     ]
