@@ -3,11 +3,13 @@ validation and OpenAPI agree."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from litestar.params import HeaderParameter, Parameter
 
 from common.contracts import ACTOR_MAX, NAME_PATTERN
+from common.errors import InvalidInput
 
 ACTOR_HEADER = "X-Jobq-Actor"
 """Who asks for a queue's change, as the producer identified its caller; recorded with it."""
@@ -23,14 +25,29 @@ QueueAction = Annotated[
         "hands out jobs again, its long polls woken at once."
     ),
 ]
+_ACTOR = re.compile(rf"[\x21-\x7e][\x20-\x7e]{{0,{ACTOR_MAX - 1}}}")
+
 Actor = Annotated[
     str | None,
     HeaderParameter(
         name=ACTOR_HEADER,
-        pattern=rf"^[\x21-\x7e][\x20-\x7e]{{0,{ACTOR_MAX - 1}}}$",
-        description="Who asks (printable ASCII, at most 200 characters), recorded as the "
-        "change's `by`; the producer sends its caller's role, tenant and key id. Omitted: "
-        "`queue-service`.",
+        description="Who asks (printable ASCII, not starting with a space, at most 200 "
+        "characters), recorded as the change's `by`; the producer sends its caller's role, "
+        "tenant and key id. Omitted: `queue-service`.",
     ),
 ]
-"""`X-Jobq-Actor`; a direct caller of the queue service that sends none is `queue-service`."""
+"""`X-Jobq-Actor`, checked by `actor_of` at the boundary."""
+
+
+def actor_of(value: str | None) -> str:
+    """The recorded actor of a change: `X-Jobq-Actor`'s value, `queue-service` when absent.
+    Raises InvalidInput (pointer `header:X-Jobq-Actor`) unless it is 1-200 printable ASCII
+    characters not starting with a space."""
+    if value is None:
+        return "queue-service"
+    if not _ACTOR.fullmatch(value):
+        raise InvalidInput(
+            f"{ACTOR_HEADER} must be 1-{ACTOR_MAX} printable ASCII characters",
+            errors=[{"pointer": f"header:{ACTOR_HEADER}", "detail": "not a recordable actor"}],
+        )
+    return value

@@ -182,6 +182,8 @@ async def test_bad_pause_requests_are_problems_that_change_nothing(
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/problem+json")
     assert response.json()["type"] == f"urn:jobq:problem:{slug}"
+    if "X-Jobq-Actor" in headers:
+        assert response.json()["errors"][0]["pointer"] == "header:X-Jobq-Actor"
     assert (await queue_entry(first, "email"))["paused"] is False
     assert (await first.post("/jobs/next", json=CLAIM)).status_code == 200
 
