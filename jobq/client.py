@@ -9,6 +9,7 @@ again with that same key, so a retry of one that was in fact created is a replay
 from __future__ import annotations
 
 import random
+import re
 import time
 import urllib.parse
 import uuid
@@ -20,6 +21,7 @@ import msgspec
 
 from common.contracts import (
     CLIENT_IDLE_SECONDS,
+    NAME_PATTERN,
     BatchSubmitRequest,
     BatchSubmitResponse,
     JobList,
@@ -33,6 +35,7 @@ from common.contracts import (
     SubmitJobResponse,
 )
 from common.errors import (
+    InvalidInput,
     JobqError,
     OutcomeUnknown,
     ServiceUnavailable,
@@ -65,8 +68,13 @@ def _retryable(exc: JobqError) -> bool:
 
 
 def _segment(name: str) -> str:
-    """`name` as one URL path segment (percent-encoded), so a bad name reaches the server,
-    which refuses it (422), rather than another route."""
+    """`name` as one URL path segment. Raises InvalidInput, sending nothing, unless it is a
+    queue name (`NAME_PATTERN`): `..` or `a/b` would otherwise reach another route."""
+    if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
+        raise InvalidInput(
+            f"{name!r} is not a queue name",
+            errors=[{"pointer": "path:queue", "detail": "not a queue name"}],
+        )
     return urllib.parse.quote(name, safe="")
 
 

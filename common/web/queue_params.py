@@ -4,8 +4,9 @@ validation and OpenAPI agree."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
+from litestar import Request
 from litestar.params import HeaderParameter, Parameter
 
 from common.contracts import ACTOR_MAX, NAME_PATTERN
@@ -37,6 +38,19 @@ Actor = Annotated[
     ),
 ]
 """`X-Jobq-Actor`, checked by `actor_of` at the boundary."""
+
+
+def check_queue_path(request: Request[Any, Any, Any], queue: str, action: str) -> None:
+    """Raise InvalidInput (pointer `path:queue`) unless the request's path, as sent, is
+    exactly `/queues/<queue>/<action>`. The router decodes `%2F` and collapses empty segments
+    before matching, so `/queues/%2Fdefault/pause` or `//queues//default//pause` would
+    otherwise reach the queue `default` under a name that is not a queue name."""
+    sent = request.scope.get("raw_path") or request.scope["path"].encode()
+    if sent != f"/queues/{queue}/{action}".encode():
+        raise InvalidInput(
+            "the queue must be one path segment matching the queue-name pattern",
+            errors=[{"pointer": "path:queue", "detail": "not a queue name as sent"}],
+        )
 
 
 def actor_of(value: str | None) -> str:

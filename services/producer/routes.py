@@ -42,7 +42,7 @@ from common.web.list_params import (
     View,
     refuse_unknown_parameters,
 )
-from common.web.queue_params import QueueAction, QueuePath
+from common.web.queue_params import QueueAction, QueuePath, check_queue_path
 from services.producer.admission import Admission
 from services.producer.client import QueueServiceClient
 
@@ -268,13 +268,17 @@ def _global_admin(producer: Producer) -> Caller:
     opt=ADMIN_ONLY,
 )
 async def change_queue(
-    queue: QueuePath, action: QueueAction, producer: NamedDependency[Producer]
+    request: Request[Any, Any, Any],
+    queue: QueuePath,
+    action: QueueAction,
+    producer: NamedDependency[Producer],
 ) -> QueueState:
     """`pause`: the queue keeps taking submits but hands out nothing, on every queue-service
     replica, from the next claim on; running jobs finish; workers' long polls wait. `resume`:
     it hands out jobs again, waiting workers woken at once. Recorded with the caller's key
     id. 404 for a queue that has no job and was never paused."""
     caller = _global_admin(producer)
+    check_queue_path(request, queue, action)
     return await producer.queue.set_paused(queue, action == "pause", caller.actor)
 
 

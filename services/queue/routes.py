@@ -64,7 +64,7 @@ from common.web.list_params import (
     View,
     refuse_unknown_parameters,
 )
-from common.web.queue_params import Actor, QueueAction, QueuePath, actor_of
+from common.web.queue_params import Actor, QueueAction, QueuePath, actor_of, check_queue_path
 from services.queue.depth import DepthCache
 from services.queue.repository import Claimed
 from services.queue.service import QueueService
@@ -413,6 +413,7 @@ async def redrive(
     responses=problems(404),
 )
 async def change_queue(
+    request: Request[Any, Any, Any],
     queue: QueuePath,
     action: QueueAction,
     service: NamedDependency[QueueService],
@@ -422,6 +423,7 @@ async def change_queue(
     job; running jobs finish and settle; long polls wait (then answer 204). `resume`: it hands
     out jobs again, its long polls on every replica woken at once. 404 for a queue that has no
     job and was never paused."""
+    check_queue_path(request, queue, action)
     return await service.set_paused(queue, action == "pause", actor_of(actor))
 
 

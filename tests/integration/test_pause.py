@@ -167,6 +167,9 @@ async def test_a_paused_queue_without_jobs_is_listed(
         ("/queues/email/pause", {"X-Jobq-Actor": "tab\there"}, 422, "invalid-input"),
         ("/queues/email/pause?force=1", {}, 422, "invalid-input"),
         ("/queues/email/stop", {}, 422, "invalid-input"),
+        # The router decodes %2F and collapses empty segments: still no queue name.
+        ("/queues/%2Femail/pause", {}, 422, "invalid-input"),
+        ("/queues/email%2F/pause", {}, 422, "invalid-input"),
     ],
 )
 async def test_bad_pause_requests_are_problems_that_change_nothing(
@@ -219,3 +222,16 @@ async def test_only_an_admin_of_every_tenant_pauses_through_the_producer(
         assert missing.status_code == 404
         resumed = await producer.post("/queues/email/resume", headers=root)
         assert resumed.status_code == 200 and resumed.json()["paused"] is False
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "email/", "/email", "a b", "Email"])
+def test_the_client_refuses_a_name_that_is_no_queue_name_before_sending(name: str) -> None:
+    from jobq import Client
+    from jobq.errors import InvalidInput
+
+    # Nothing listens on port 9: a request sent would be ServiceUnavailable, not InvalidInput.
+    with Client("http://127.0.0.1:9", api_key="unused-key-0123456789") as client:
+        with pytest.raises(InvalidInput):
+            client.pause(name)
+        with pytest.raises(InvalidInput):
+            client.resume(name)
