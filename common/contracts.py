@@ -477,11 +477,53 @@ class QueueChange(_Wire):
     """The last change an operator made to a queue's state: when (`at`), by whom (`by`: the
     caller as the producer identified it, `<role>:<tenant>:key-<first 12 hex digits of the
     key's SHA-256>`, or what a direct caller of the queue service named), and what
-    (`pause` or `resume`)."""
+    (`pause`, `resume`, or `limits`: its concurrency limits were set)."""
 
     at: datetime
     by: str
-    what: Literal["pause", "resume"]
+    what: Literal["pause", "resume", "limits"]
+
+
+CONCURRENCY_MAX = 100_000
+"""The largest concurrency limit (jobs running at once); more is no limit at all."""
+LIMITED_TASK_TYPES_MAX = 100
+"""Task types one queue may limit."""
+
+Concurrency = Annotated[int, Meta(ge=1, le=CONCURRENCY_MAX)]
+
+
+class ConcurrencyLimit(_Wire):
+    """How many jobs of task type `taskType` of a queue may run (be PROCESSING) at once,
+    across every worker and queue-service replica: at most `concurrency` in all, and at most
+    `tenantConcurrency` of any one tenant. Either may be omitted (no bound of that kind), not
+    both; `tenantConcurrency` is at most `concurrency`. A limit of 0 is no limit: pause the
+    queue instead (`POST /queues/{queue}/pause`)."""
+
+    task_type: Name
+    concurrency: Concurrency | None = None
+    tenant_concurrency: Concurrency | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency is None and self.tenant_concurrency is None:
+            raise ValueError("a limit needs `concurrency`, `tenantConcurrency` or both")
+        if (
+            self.concurrency is not None
+            and self.tenant_concurrency is not None
+            and self.tenant_concurrency > self.concurrency
+        ):
+            raise ValueError("`tenantConcurrency` cannot exceed `concurrency`")
+
+
+class LimitsRequest(_Wire):
+    """`PUT /queues/{queue}/limits` body: the queue's concurrency limits, one per task type,
+    which replace the ones it had (`{"limits": []}` removes them all)."""
+
+    limits: Annotated[list[ConcurrencyLimit], Meta(max_length=LIMITED_TASK_TYPES_MAX)]
+
+    def __post_init__(self) -> None:
+        named = [limit.task_type for limit in self.limits]
+        if len(set(named)) != len(named):
+            raise ValueError("each task type may have one limit")
 
 
 class QueueDepth(_Wire):
@@ -499,16 +541,19 @@ class QueueDepth(_Wire):
     refreshed_at: datetime
     paused: bool = False
     paused_at: datetime | None = None
+    limits: list[ConcurrencyLimit] = msgspec.field(default_factory=list)
     last_change: QueueChange | None = None
 
 
 class QueueState(_Wire):
-    """`POST /queues/{queue}/pause|resume` reply: the queue's state after the change."""
+    """`POST /queues/{queue}/pause|resume` and `PUT /queues/{queue}/limits` reply: the queue's
+    state after the change (paused or not, its concurrency limits by task type)."""
 
     queue: str
     paused: bool
     paused_at: datetime | None
     last_change: QueueChange
+    limits: list[ConcurrencyLimit] = msgspec.field(default_factory=list)
 
 
 class QueuesResponse(_Wire):

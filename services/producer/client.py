@@ -24,6 +24,7 @@ from common.contracts import (
     EnqueueRequest,
     JobList,
     JobView,
+    LimitsRequest,
     QueueState,
     RedriveRequest,
     RedriveResponse,
@@ -222,6 +223,17 @@ class QueueServiceClient:
         reply = await self._call(
             "POST",
             f"/queues/{queue}/{action}",
+            deadline=self._timeout,
+            headers={ACTOR_HEADER: actor},
+        )
+        return decode(reply, QueueState)
+
+    async def set_limits(self, queue: str, request: LimitsRequest, actor: str) -> QueueState:
+        """`PUT /queues/{queue}/limits` on the queue service, recorded as done by `actor`."""
+        reply = await self._call(
+            "PUT",
+            f"/queues/{queue}/limits",
+            request,
             deadline=self._timeout,
             headers={ACTOR_HEADER: actor},
         )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Request, Response, get, post, put
 from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
@@ -20,6 +20,7 @@ from common.contracts import (
     EnqueueRequest,
     JobList,
     JobView,
+    LimitsRequest,
     QueueState,
     RedriveRequest,
     RedriveResponse,
@@ -253,7 +254,7 @@ def _global_admin(producer: Producer) -> Caller:
     caller = producer.caller
     if caller.tenant != ALL_TENANTS:
         raise Forbidden(
-            "a queue serves every tenant: pausing or resuming it needs an admin key of "
+            "a queue serves every tenant: pausing, resuming or limiting it needs an admin key of "
             "tenant * (admin:*:<key>)"
         )
     return caller
@@ -280,6 +281,31 @@ async def change_queue(
     caller = _global_admin(producer)
     check_queue_path(request, queue, action)
     return await producer.queue.set_paused(queue, action == "pause", caller.actor)
+
+
+@put(
+    "/queues/{queue:str}/limits",
+    status_code=200,
+    dto=StrictJSON[LimitsRequest],
+    tags=["queues"],
+    summary="Set a queue's concurrency limits by task type; admin of every tenant",
+    responses=problems(403, 404, 413, 415, RATE_LIMITED),
+    opt=ADMIN_ONLY,
+)
+async def set_limits(
+    request: Request[Any, Any, Any],
+    queue: QueuePath,
+    data: JSONBody[LimitsRequest],
+    producer: NamedDependency[Producer],
+) -> QueueState:
+    """Replace the queue's concurrency limits, one per task type (`{"limits": [{"taskType":
+    "webhook", "concurrency": 20, "tenantConcurrency": 3}]}`; `{"limits": []}` removes them):
+    from the next claim on, on every queue-service replica, at most `concurrency` jobs of the
+    task type run at once, and at most `tenantConcurrency` of one tenant. Recorded with the
+    caller's key id. 404 for a queue that has no job and no state."""
+    caller = _global_admin(producer)
+    check_queue_path(request, queue, "limits")
+    return await producer.queue.set_limits(queue, data, caller.actor)
 
 
 @post(

@@ -35,7 +35,7 @@ from services.queue.depth import DepthCache
 from services.queue.metrics import QueueMetrics
 from services.queue.recurring import Recurring
 from services.queue.repository import JobRepository, create_pool
-from services.queue.routes import JobController, change_queue, queues, redrive
+from services.queue.routes import JobController, change_queue, queues, redrive, set_limits
 from services.queue.schedules import parse_schedules
 from services.queue.service import QueueService
 from services.queue.settings import QueueSettings, plain_database_url
@@ -245,6 +245,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             JobController,
             queues,
             change_queue,
+            set_limits,
             redrive,
             ready,
             live,

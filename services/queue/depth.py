@@ -58,16 +58,18 @@ def summarise(
 def with_states(
     queues: list[QueueDepth], states: list[QueueState], source: DepthSource, at: datetime
 ) -> list[QueueDepth]:
-    """`queues` with each queue's pause state from `states`; a paused queue without jobs gets
-    an entry of its own (zero counts, `source` and `at` as the reply's), so it is never
-    hidden. Sorted by queue name."""
+    """`queues` with each queue's state from `states` (paused or not, its concurrency limits);
+    a queue with a state but without jobs gets an entry of its own (zero counts, `source` and
+    `at` as the reply's), so it is never hidden. Sorted by queue name."""
     by_queue = {state.queue: state for state in states}
     merged: list[QueueDepth] = []
     for depth in queues:
         state = by_queue.pop(depth.queue, None)
         if state is None:
             merged.append(
-                msgspec.structs.replace(depth, paused=False, paused_at=None, last_change=None)
+                msgspec.structs.replace(
+                    depth, paused=False, paused_at=None, limits=[], last_change=None
+                )
             )
         else:
             merged.append(_stated(depth, state))
@@ -82,7 +84,11 @@ def with_states(
 
 def _stated(depth: QueueDepth, state: QueueState) -> QueueDepth:
     return msgspec.structs.replace(
-        depth, paused=state.paused, paused_at=state.paused_at, last_change=state.last_change
+        depth,
+        paused=state.paused,
+        paused_at=state.paused_at,
+        limits=state.limits,
+        last_change=state.last_change,
     )
 
 

@@ -147,15 +147,18 @@ class ScheduleState(Base):
 
 
 class QueueControl(Base):
-    """A queue's run-time state, set by operators (`POST /queues/{queue}/pause|resume`): paused
-    since `paused_at` (NULL: running), and its last change (when, by whom, what). No row
-    means a queue that was never paused. The claim reads it (docs/architecture.md#flow-control).
+    """A queue's run-time state, set by operators (`POST /queues/{queue}/pause|resume`,
+    `PUT /queues/{queue}/limits`): paused since `paused_at` (NULL: running), its concurrency
+    limits by task type (`limits`: `{"<task type>": {"concurrency": n, "tenantConcurrency":
+    m}}`, either key optional), and its last change (when, by whom, what). No row means a
+    queue that was never changed. The claim reads it (docs/architecture.md#flow-control).
     """
 
     __tablename__ = "queue_control"
 
     queue: Mapped[str] = mapped_column(String(64), primary_key=True)
     paused_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    limits: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     changed_by: Mapped[str] = mapped_column(Text)
     change: Mapped[str] = mapped_column(Text)

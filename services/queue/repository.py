@@ -38,6 +38,7 @@ from tenacity import (
 from common.contracts import (
     ERRORS_HISTORY_MAX,
     FINISHED_STATUSES,
+    ConcurrencyLimit,
     ErrorEntry,
     JobStatus,
     JobView,
@@ -160,6 +161,10 @@ def _to_state(row: asyncpg.Record) -> QueueState:
         queue=row["queue"],
         paused=row["paused_at"] is not None,
         paused_at=row["paused_at"],
+        limits=[
+            msgspec.convert({**bounds, "taskType": task_type}, ConcurrencyLimit)
+            for task_type, bounds in sorted(row["limits"].items())
+        ],
         last_change=QueueChange(at=row["changed_at"], by=row["changed_by"], what=row["change"]),
     )
 
@@ -249,42 +254,16 @@ def _notify_ready(source: str) -> str:
     )
 
 
-# The claim walks ix_job_claim once per queue asked for, in the index's own order, and merges
-# the walks: each queue's walk stops after `max` unlocked rows, so the cost is O(queues x max)
-# however long the backlog, never a sort of every waiting job. Rows locked by another claimer
-# are skipped, not waited for, so claimers never block each other and never share a row.
-# Rows a walk locked but the merge did not pick are unlocked at the end of the statement.
-# Parameters: $1 queues, $2 max, $3 worker, $4 visibility timeout (seconds). A claim that
-# began before a pause committed may still take that queue's jobs (its snapshot predates it):
-# such jobs have a `claimed_at` before the pause's commit.
-_CLAIM_CTES = f"""
-picked AS (
-    SELECT candidate.id,
-           -- Claim order, computed here: the rows come back from the UPDATE in no order.
-           row_number() OVER (
-               ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id) AS rank
-    -- A paused queue hands out nothing: its walk is never made (one primary-key probe of the
-    -- small queue_control table per queue asked for; docs/architecture.md#flow-control).
-    FROM (SELECT asked.queue FROM unnest($1::text[]) AS asked(queue)
-          WHERE NOT EXISTS (SELECT FROM queue_control AS control
-                            WHERE control.queue = asked.queue
-                              AND control.paused_at IS NOT NULL)) AS wanted
-    CROSS JOIN LATERAL (
-        SELECT id, priority, ready_at FROM job
-        WHERE status = 'PENDING' AND queue = wanted.queue
-        ORDER BY priority DESC, ready_at, id
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED
-    ) AS candidate
-    ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id
-    LIMIT $2
-), claimed AS (
+def _claimed_cte(worker: str, visibility: str) -> str:
+    """The CTE `claimed`: the jobs of CTE `picked` (`id`, `rank`) made PROCESSING for `worker`
+    with a fresh lease of `visibility` seconds (both SQL expressions, parameters)."""
+    return f"""claimed AS (
     UPDATE job SET status = 'PROCESSING',
                    attempts = LEAST(job.attempts, {INT_MAX} - 1) + 1,
                    lease_id = gen_random_uuid(),
-                   locked_by = $3,
+                   locked_by = {worker},
                    claimed_at = statement_timestamp(),
-                   visible_at = statement_timestamp() + make_interval(secs => $4),
+                   visible_at = statement_timestamp() + make_interval(secs => {visibility}),
                    updated_at = statement_timestamp()
     -- By primary key, not a join with `picked`: the plan, made once for every `max`, must
     -- not depend on how many rows the LIMIT lets through.
@@ -293,6 +272,88 @@ picked AS (
               job.max_attempts, job.timeout_seconds, job.lease_id, job.visible_at,
               job.idempotency_key, (SELECT rank FROM picked WHERE picked.id = job.id) AS rank
 )"""
+
+
+# The claim walks ix_job_claim once per queue asked for, in the index's own order, and merges
+# the walks: each queue's walk stops after `max` unlocked rows, so the cost is O(queues x max)
+# however long the backlog, never a sort of every waiting job. Rows locked by another claimer
+# are skipped, not waited for, so claimers never block each other and never share a row.
+# Rows a walk locked but the merge did not pick are unlocked at the end of the statement.
+# Parameters: $1 queues, $2 max, $3 worker, $4 visibility timeout (seconds). A claim that
+# began before a pause (or a limit) committed may still take that queue's jobs (its snapshot
+# predates it): such jobs have a `claimed_at` before the change's commit.
+_CLAIM_CTES = f"""
+picked AS (
+    SELECT candidate.id,
+           -- Claim order, computed here: the rows come back from the UPDATE in no order.
+           row_number() OVER (
+               ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id) AS rank
+    -- A paused queue hands out nothing: its walk is never made; the task types it limits
+    -- are left to the limited claim (_CLAIM_LIMITED). One primary-key probe of the small
+    -- queue_control table per queue asked for (docs/architecture.md#flow-control).
+    FROM (SELECT asked.queue, control.limits
+          FROM unnest($1::text[]) AS asked(queue)
+          LEFT JOIN queue_control AS control ON control.queue = asked.queue
+          WHERE control.paused_at IS NULL) AS wanted
+    CROSS JOIN LATERAL (
+        SELECT id, priority, ready_at FROM job
+        WHERE status = 'PENDING' AND queue = wanted.queue
+          AND (wanted.limits IS NULL OR NOT wanted.limits ? task_type)
+        ORDER BY priority DESC, ready_at, id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ) AS candidate
+    ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id
+    LIMIT $2
+), {_claimed_cte("$3", "$4")}"""
+
+# Claims of one limited (queue, task type) take a transaction-scoped advisory lock on the pair
+# first (_LOCK_LIMIT), then count in a statement of their own: its snapshot is taken after the
+# lock, so it sees every claim of the pair committed before, and two claimers can never both
+# fill the last slot. Other pairs, queues and the unlimited claim never wait for it.
+_LOCK_LIMIT = "SELECT pg_advisory_xact_lock(hashtextextended('jobq.limit:' || $1 || '/' || $2, 0))"
+
+# At most `concurrency` PROCESSING jobs of the pair, and `tenantConcurrency` of one tenant:
+# the room left (`room`) bounds the walk (ix_job_claim, filtered on the task type, in claim
+# order); tenants at their bound are skipped by it, and of each other tenant no more rows are
+# taken than it has slots left. No row in `control` (no limit for the pair any more, or the
+# queue paused) is no room: the unlimited claim takes such jobs.
+# Parameters: $1 queue, $2 task type, $3 max, $4 worker, $5 visibility timeout (seconds).
+_CLAIM_LIMITED = f"""
+WITH control AS (
+    SELECT (limits -> $2::text ->> 'concurrency')::int AS concurrency,
+           (limits -> $2::text ->> 'tenantConcurrency')::int AS per_tenant
+    FROM queue_control WHERE queue = $1::text AND paused_at IS NULL AND limits ? $2::text
+), running AS (
+    SELECT tenant, count(*)::int AS n FROM job
+    WHERE status = 'PROCESSING' AND queue = $1::text AND task_type = $2::text
+    GROUP BY tenant
+), room AS (
+    SELECT GREATEST(0, LEAST($3::int, COALESCE(
+               control.concurrency - (SELECT COALESCE(sum(n), 0) FROM running)::int,
+               $3::int))) AS n
+    FROM control
+), walked AS (
+    SELECT candidate.*,
+           row_number() OVER (PARTITION BY candidate.tenant
+                              ORDER BY candidate.priority DESC, candidate.ready_at,
+                                       candidate.id) AS nth
+    FROM (SELECT id, tenant, priority, ready_at FROM job
+          WHERE status = 'PENDING' AND queue = $1::text AND task_type = $2::text
+            AND tenant <> ALL(ARRAY(SELECT running.tenant FROM running, control
+                                    WHERE running.n >= control.per_tenant))
+          ORDER BY priority DESC, ready_at, id
+          LIMIT COALESCE((SELECT n FROM room), 0)
+          FOR UPDATE SKIP LOCKED) AS candidate
+), picked AS (
+    SELECT walked.id,
+           row_number() OVER (ORDER BY walked.priority DESC, walked.ready_at, walked.id)
+               AS rank
+    FROM walked
+    WHERE walked.nth + COALESCE((SELECT n FROM running WHERE running.tenant = walked.tenant), 0)
+          <= COALESCE((SELECT per_tenant FROM control), {INT_MAX})
+), {_claimed_cte("$4", "$5")}
+SELECT * FROM claimed"""
 
 # Each entry is fenced by its own receipt handle: only the latest claim may complete a job.
 # Parameters: ids, receipt handles and results (JSON text or NULL), as arrays.
@@ -334,7 +395,7 @@ FROM acked
 
 _LEASES = "SELECT id, lease_id, status FROM job WHERE id = ANY($1::uuid[])"
 
-_CONTROL_COLUMNS = "queue, paused_at, changed_at, changed_by, change"
+_CONTROL_COLUMNS = "queue, paused_at, limits, changed_at, changed_by, change"
 
 # Pause ($2 true) or resume a queue that has jobs or was paused before; pausing a paused queue
 # keeps the time it was first paused. No row comes back for a queue nobody knows.
@@ -348,6 +409,19 @@ ON CONFLICT (queue) DO UPDATE
     SET paused_at = CASE WHEN $2 THEN COALESCE(control.paused_at, statement_timestamp()) END,
         changed_at = EXCLUDED.changed_at, changed_by = EXCLUDED.changed_by,
         change = EXCLUDED.change
+RETURNING {_CONTROL_COLUMNS}
+"""
+
+# Replace a queue's concurrency limits ($2, jsonb) for a queue that has jobs or a state already,
+# recorded as a change; a pause is kept. No row comes back for a queue nobody knows.
+_SET_LIMITS = f"""
+INSERT INTO queue_control AS control (queue, limits, changed_at, changed_by, change)
+SELECT $1::text, $2::jsonb, statement_timestamp(), $3::text, 'limits'
+WHERE EXISTS (SELECT FROM job WHERE queue = $1::text)
+   OR EXISTS (SELECT FROM queue_control WHERE queue = $1::text)
+ON CONFLICT (queue) DO UPDATE
+    SET limits = EXCLUDED.limits, changed_at = EXCLUDED.changed_at,
+        changed_by = EXCLUDED.changed_by, change = EXCLUDED.change
 RETURNING {_CONTROL_COLUMNS}
 """
 
@@ -651,6 +725,7 @@ LEFT JOIN pg_stat_user_tables AS s ON s.relid = 'job'::regclass
 """
 
 CLAIM_STATEMENT = _CLAIM
+CLAIM_LIMITED_STATEMENT = _CLAIM_LIMITED
 """The claim statement itself, for plan-regression tests (EXPLAIN of the real statement):
 parameters ($1 queues, $2 max, $3 worker, $4 visibility timeout in seconds)."""
 
@@ -1029,6 +1104,32 @@ class JobRepository:
         rows = await self._fetch(_CLAIM, names, max_jobs, worker, visibility_timeout)
         return _claimed(rows, visibility_timeout)
 
+    async def claim_limited(
+        self,
+        queue: str,
+        task_type: str,
+        worker: str,
+        max_jobs: int,
+        visibility_timeout: int,
+    ) -> list[Claimed]:
+        """Claim up to `max_jobs` PENDING jobs of `task_type` in `queue`, within the pair's
+        concurrency limit (`queue_control.limits`): no more than the room its `concurrency`
+        leaves beside the PROCESSING jobs of the pair on every replica, nor more of one tenant
+        than its `tenantConcurrency` leaves. Nothing when the queue is paused or the pair has
+        no limit (the unlimited claim, `claim`, takes its jobs then).
+
+        One transaction: an advisory lock on the pair, then the claim in a statement whose
+        snapshot follows the lock, so concurrent claimers of the pair never both take its last
+        slot; other pairs and queues do not wait. Returns the jobs in claim order, like
+        `claim`.
+        """
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute(_LOCK_LIMIT, queue, task_type)
+            rows = await conn.fetch(
+                _CLAIM_LIMITED, queue, task_type, max_jobs, worker, visibility_timeout
+            )
+        return _claimed(rows, visibility_timeout)
+
     async def ack_and_claim(
         self,
         entries: Sequence[tuple[uuid.UUID, uuid.UUID, Any]],
@@ -1261,8 +1362,29 @@ ORDER BY id DESC"""
                 await conn.execute(_WAKE_ALL, queue)
         return None if row is None else _to_state(row)
 
+    async def set_limits(
+        self, queue: str, limits: Sequence[ConcurrencyLimit], actor: str
+    ) -> QueueState | None:
+        """Replace `queue`'s concurrency limits with `limits` (one per task type; empty: none),
+        recording `actor` as who did it, and wake the queue's long polls on every replica (a
+        raised or removed limit may let jobs run at once). Stored as one jsonb object keyed by
+        task type, which the claim probes (`?`). Returns the queue's state after the change;
+        None, changing nothing, for a queue that has no job and no state."""
+        stored = {
+            limit.task_type: {
+                "concurrency": limit.concurrency,
+                "tenantConcurrency": limit.tenant_concurrency,
+            }
+            for limit in limits
+        }
+        async with self._connection() as conn, conn.transaction():
+            row = await conn.fetchrow(_SET_LIMITS, queue, stored, actor)
+            if row is not None:
+                await conn.execute(_WAKE_ALL, queue)
+        return None if row is None else _to_state(row)
+
     async def queue_states(self) -> list[QueueState]:
-        """The state of every queue that was ever paused, by name."""
+        """The state of every queue that was ever paused or limited, by name."""
         return [_to_state(row) for row in await self._fetch(_CONTROLS)]
 
     async def now(self) -> datetime:

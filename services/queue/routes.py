@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Controller, MediaType, Request, Response, get, post
+from litestar import Controller, MediaType, Request, Response, get, post, put
 from litestar.datastructures import State
 from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
@@ -44,6 +44,7 @@ from common.contracts import (
     HeartbeatResponse,
     JobList,
     JobView,
+    LimitsRequest,
     QueuesResponse,
     QueueState,
     RedriveRequest,
@@ -427,6 +428,30 @@ async def change_queue(
     return await service.set_paused(queue, action == "pause", actor_of(actor))
 
 
+@put(
+    "/queues/{queue:str}/limits",
+    status_code=200,
+    dto=StrictJSON[LimitsRequest],
+    tags=["queues"],
+    summary="Set a queue's concurrency limits by task type",
+    responses=problems(404, 413, 415),
+)
+async def set_limits(
+    request: Request[Any, Any, Any],
+    queue: QueuePath,
+    data: JSONBody[LimitsRequest],
+    service: NamedDependency[QueueService],
+    actor: Actor = None,
+) -> QueueState:
+    """Replace the queue's concurrency limits, one per task type (`{"limits": [{"taskType":
+    "webhook", "concurrency": 20, "tenantConcurrency": 3}]}`; `{"limits": []}` removes them):
+    from the next claim on, on every replica, at most `concurrency` jobs of the task type are
+    PROCESSING at once, and at most `tenantConcurrency` of one tenant. 404 for a queue that
+    has no job and no state."""
+    check_queue_path(request, queue, "limits")
+    return await service.set_limits(queue, data.limits, actor_of(actor))
+
+
 @get("/queues", tags=["queues"], summary="Queue depth", responses=problems())
 async def queues(
     service: NamedDependency[QueueService], depth_cache: NamedDependency[DepthCache]
@@ -437,4 +462,4 @@ async def queues(
     return await service.queue_depth(depth_cache)
 
 
-__all__ = ["JobController", "change_queue", "queues", "redrive"]
+__all__ = ["JobController", "change_queue", "queues", "redrive", "set_limits"]

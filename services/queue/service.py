@@ -33,6 +33,7 @@ from common.contracts import (
     BatchFailResponse,
     BatchHeartbeatResponse,
     ClaimRequest,
+    ConcurrencyLimit,
     EnqueueRequest,
     FailEntry,
     FailResult,
@@ -109,6 +110,15 @@ def _raise_for(job_id: uuid.UUID, handle: uuid.UUID, status: int) -> None:
 _LATE = "the caller's deadline (X-Jobq-Deadline) passed before the work began; nothing was done"
 
 
+def _limited_by_queue(states: list[QueueState]) -> dict[str, tuple[str, ...]]:
+    """The task types each queue limits, in name order, for the queues that limit any."""
+    return {
+        state.queue: tuple(limit.task_type for limit in state.limits)
+        for state in states
+        if state.limits
+    }
+
+
 def _refuse_late(deadline: float | None) -> None:
     """Raise DeadlineExceeded when the caller's `deadline` (epoch seconds, `X-Jobq-Deadline`)
     has passed: the caller gave up, and work begun now could only surprise it (a job created
@@ -150,6 +160,9 @@ class QueueService:
         self._submits: Coalescer[tuple[EnqueueRequest, float], Submitted] = Coalescer(
             self._enqueue_batch, max_batch=BATCH_MAX, max_in_flight=2
         )
+        self._limited: dict[str, tuple[str, ...]] = {}
+        self._limited_read_at = -math.inf
+        self._limited_lock = asyncio.Lock()
 
     async def aclose(self) -> None:
         """Finish the group commits under way."""
@@ -296,6 +309,8 @@ class QueueService:
             jobs = await self._repository.claim(
                 request.queues, request.worker, request.max, visibility
             )
+            if len(jobs) < request.max:
+                jobs += await self._claim_limited(request, visibility, request.max - len(jobs))
             self._metrics.claim_duration.observe(time.perf_counter() - started)
             if jobs:
                 self._metrics.claim_batch_size.observe(len(jobs))
@@ -330,10 +345,42 @@ class QueueService:
             request.max,
             visibility,
         )
+        if len(jobs) < request.max:
+            jobs += await self._claim_limited(request, visibility, request.max - len(jobs))
         self._metrics.claim_duration.observe(time.perf_counter() - started)
         if jobs:
             self._metrics.claim_batch_size.observe(len(jobs))
         return jobs, await self._ack_results(entries, settled)
+
+    async def _claim_limited(
+        self, request: ClaimRequest, visibility: int, room: int
+    ) -> list[Claimed]:
+        """Up to `room` more jobs for `request` from the task types its queues limit (the
+        claim statement leaves those to this), each pair claimed within its limit
+        (`JobRepository.claim_limited`). Queues without limits cost one dictionary lookup."""
+        limited = await self._limited_task_types()
+        jobs: list[Claimed] = []
+        for queue in request.queues:
+            for task_type in limited.get(queue, ()):
+                if len(jobs) >= room:
+                    return jobs
+                jobs += await self._repository.claim_limited(
+                    queue, task_type, request.worker, room - len(jobs), visibility
+                )
+        return jobs
+
+    async def _limited_task_types(self) -> dict[str, tuple[str, ...]]:
+        """The task types each queue limits, read from PostgreSQL at most once per
+        QUEUE_DEPTH_INTERVAL (and at once after a change through this replica). A limit set
+        through another replica is enforced at once (the claim statement reads it live); its
+        jobs wait for this read to be claimed here."""
+        now = time.monotonic()
+        if now - self._limited_read_at >= self._settings.queue_depth_interval:
+            async with self._limited_lock:
+                if now - self._limited_read_at >= self._settings.queue_depth_interval:
+                    self._limited = _limited_by_queue(await self._repository.queue_states())
+                    self._limited_read_at = time.monotonic()
+        return self._limited
 
     async def ack_many(self, entries: Sequence[AckEntry]) -> BatchAckResponse:
         """Complete many jobs in one statement, each fenced by its own receipt handle.
@@ -539,6 +586,27 @@ class QueueService:
             "paused" if paused else "resumed",
             actor,
             extra={"event": "queue_paused" if paused else "queue_resumed", "queue": queue},
+        )
+        return state
+
+    async def set_limits(
+        self, queue: str, limits: Sequence[ConcurrencyLimit], actor: str
+    ) -> QueueState:
+        """Replace `queue`'s concurrency limits with `limits` (one per task type; empty: none), as
+        `actor`. From the next claim statement on, on every replica, no more jobs of a limited
+        task type are handed out than its limits leave room for; a job that settles, is
+        released or whose lease expires frees its slot at once. Raises QueueNotFound for a
+        queue that has no job and no state, ServiceUnavailable when the database is."""
+        state = await self._repository.set_limits(queue, limits, actor)
+        if state is None:
+            raise QueueNotFound(f"queue {queue!r} has no job and was never changed; check its name")
+        self._limited_read_at = -math.inf
+        logger.warning(
+            "queue %s limits set by %s: %s",
+            queue,
+            actor,
+            msgspec.json.encode(limits).decode(),
+            extra={"event": "queue_limits", "queue": queue},
         )
         return state
 

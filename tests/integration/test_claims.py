@@ -13,6 +13,7 @@ from common.enqueue import ENQUEUE_ASYNCPG, encode_rows
 from services.queue.repository import (
     ACK_AND_CLAIM_STATEMENT,
     ACK_STATEMENT,
+    CLAIM_LIMITED_STATEMENT,
     CLAIM_STATEMENT,
     FAIL_STATEMENT,
     HEARTBEAT_STATEMENT,
@@ -150,6 +151,7 @@ async def test_the_claim_is_an_ordered_index_walk_for_one_queue_and_for_several(
         ("redrive", REDRIVE_STATEMENT, "NULL, NULL, 500, NULL"),
         ("redrive of one tenant", REDRIVE_STATEMENT, "NULL, NULL, 500, 'acme'"),
         ("retention", RETENTION_STATEMENT, "60, 500"),
+        ("limited claim", CLAIM_LIMITED_STATEMENT, "'default', 'noop', 16, 'w', 30"),
     ],
 )
 async def test_every_transition_finds_its_rows_by_index(

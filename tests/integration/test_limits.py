@@ -1,0 +1,322 @@
+"""Concurrency limits by task type (issue 18): at most N jobs of a (queue, task type) run at
+once across every queue-service replica, and at most M of one tenant; other task types of the
+queue are not held back; the limits live in PostgreSQL and are shown in `GET /queues`."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from services.queue.app import create_app
+from services.queue.settings import QueueSettings
+from tests.conftest import guarded_services, serving
+from tests.helpers import eventually
+from tests.integration.test_pause import ACME_ADMIN, ACME_SUBMIT, KEYS, ROOT_KEY, queue_entry
+
+
+def settings(database_url: str, redis_url: str) -> QueueSettings:
+    return QueueSettings(database_url=database_url, redis_url=redis_url, queue_depth_interval=0.2)
+
+
+@pytest.fixture
+async def replicas(
+    clean_database: str, redis_url: str
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    """Two queue-service replicas on one database."""
+    async with (
+        serving(create_app(settings(clean_database, redis_url))) as first,
+        serving(create_app(settings(clean_database, redis_url))) as second,
+    ):
+        yield first, second
+
+
+async def submit_many(
+    client: httpx.AsyncClient, task_type: str, count: int, tenant: str = "default"
+) -> list[str]:
+    jobs = [{"taskType": task_type, "payload": {}, "queue": "hooks", "tenant": tenant}] * count
+    ids: list[str] = []
+    for start in range(0, count, 500):
+        reply = await client.post("/jobs/batch", json={"jobs": jobs[start : start + 500]})
+        assert reply.status_code == 200, reply.text
+        ids += [entry["jobId"] for entry in reply.json()["results"]]
+    return ids
+
+
+async def put_limits(client: httpx.AsyncClient, *limits: dict[str, Any]) -> httpx.Response:
+    return await client.put("/queues/hooks/limits", json={"limits": list(limits)})
+
+
+class Sampler:
+    """Reads the PROCESSING jobs of one task type from PostgreSQL every 10 ms, by tenant."""
+
+    def __init__(self, database_url: str, task_type: str) -> None:
+        self._url = database_url
+        self._task_type = task_type
+        self.samples: list[Counter[str]] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        connection = await asyncpg.connect(self._url)
+        try:
+            while not stop.is_set():
+                rows = await connection.fetch(
+                    "SELECT tenant, count(*) AS n FROM job WHERE status = 'PROCESSING'"
+                    " AND task_type = $1 GROUP BY tenant",
+                    self._task_type,
+                )
+                self.samples.append(Counter({row["tenant"]: row["n"] for row in rows}))
+                await asyncio.sleep(0.01)
+        finally:
+            await connection.close()
+
+
+async def worker_slots(
+    client: httpx.AsyncClient, name: str, slots: int, stop: asyncio.Event, hold: float
+) -> Counter[str]:
+    """`slots` claimers on `client`, each holding its job `hold` seconds (webhook) or none
+    (noop) and acking it; returns the task types completed."""
+    done: Counter[str] = Counter()
+
+    async def slot(index: int) -> None:
+        while not stop.is_set():
+            claim = {"worker": f"{name}-{index}", "queues": ["hooks"], "max": 1, "waitSeconds": 1}
+            reply = await client.post("/jobs/next", json=claim)
+            if reply.status_code == 204:
+                continue
+            assert reply.status_code == 200, reply.text
+            for job in reply.json()["jobs"]:
+                if job["taskType"] == "webhook":
+                    await asyncio.sleep(hold * random.uniform(0.5, 1.5))
+                acked = await client.post(
+                    f"/jobs/{job['id']}/ack", json={"receiptHandle": job["receiptHandle"]}
+                )
+                assert acked.status_code == 200, acked.text
+                done[job["taskType"]] += 1
+
+    await asyncio.gather(*(slot(index) for index in range(slots)))
+    return done
+
+
+async def drain(
+    replicas: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    database_url: str,
+    total: int,
+    hold: float = 0.02,
+) -> tuple[Sampler, Counter[str]]:
+    """32 claimers on each replica until `total` jobs completed, sampling all the while."""
+    sampler = Sampler(database_url, "webhook")
+    stop = asyncio.Event()
+    sampling = asyncio.create_task(sampler.run(stop))
+    fleet = [
+        asyncio.create_task(worker_slots(client, f"w{n}", 32, stop, hold))
+        for n, client in enumerate(replicas)
+    ]
+
+    async def completed() -> int:
+        connection = await asyncpg.connect(database_url)
+        try:
+            value: int = await connection.fetchval(
+                "SELECT count(*) FROM job WHERE status = 'COMPLETED'"
+            )
+            return value
+        finally:
+            await connection.close()
+
+    try:
+        await eventually(completed, lambda n: n == total, within=90, interval=0.2, what="drain")
+    finally:
+        stop.set()
+        counts = await asyncio.gather(*fleet)
+        await sampling
+    return sampler, sum(counts, Counter())
+
+
+async def test_a_limit_holds_on_every_replica_and_other_task_types_run_at_full_speed(
+    replicas: tuple[httpx.AsyncClient, httpx.AsyncClient], clean_database: str
+) -> None:
+    first, second = replicas
+    await submit_many(first, "webhook", 200)
+    await submit_many(first, "noop", 300)
+    reply = await put_limits(second, {"taskType": "webhook", "concurrency": 3})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["limits"] == [
+        {"taskType": "webhook", "concurrency": 3, "tenantConcurrency": None}
+    ]
+
+    started = time.monotonic()
+    sampler, done = await drain(replicas, clean_database, 500)
+    assert done == {"webhook": 200, "noop": 300}
+    most = max(sum(sample.values()) for sample in sampler.samples)
+    assert most <= 3, f"{most} webhook jobs ran at once under a limit of 3"
+    assert most == 3, "the limit's three slots were used"
+    # The noop jobs did not queue behind the limited ones: they finished while the webhooks
+    # were still running (200 webhooks at 3 at a time take well over a second).
+    assert time.monotonic() - started > 1.0
+
+
+async def test_a_tenant_limit_runs_no_two_jobs_of_one_tenant_at_once(
+    replicas: tuple[httpx.AsyncClient, httpx.AsyncClient], clean_database: str
+) -> None:
+    first, second = replicas
+    for tenant in ("acme", "globex", "initech"):
+        await submit_many(first, "webhook", 40, tenant=tenant)
+    reply = await put_limits(first, {"taskType": "webhook", "tenantConcurrency": 1})
+    assert reply.status_code == 200, reply.text
+
+    sampler, done = await drain(replicas, clean_database, 120)
+    assert done == {"webhook": 120}
+    assert max(max(sample.values(), default=0) for sample in sampler.samples) == 1
+    assert max(len(sample) for sample in sampler.samples) == 3, "the three tenants ran at once"
+
+
+async def test_a_released_failed_or_expired_job_frees_its_slot_at_once(
+    replicas: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    first, second = replicas
+    await submit_many(first, "webhook", 5)
+    assert (await put_limits(first, {"taskType": "webhook", "concurrency": 1})).status_code == 200
+    claim = {"worker": "w", "queues": ["hooks"], "max": 5}
+
+    async def claim_one(client: httpx.AsyncClient, **extra: Any) -> dict[str, Any]:
+        reply = await client.post("/jobs/next", json={**claim, **extra})
+        assert reply.status_code == 200, reply.text
+        [job] = reply.json()["jobs"]
+        return dict(job)
+
+    job = await claim_one(first)
+    assert (await second.post("/jobs/next", json=claim)).status_code == 204
+    # Released (a heartbeat of 0 s): the slot is free for the next claim, on either replica.
+    released = await first.post(
+        f"/jobs/{job['id']}/heartbeat",
+        json={"receiptHandle": job["receiptHandle"], "visibilityTimeout": 0},
+    )
+    assert released.status_code == 200, released.text
+    job = await claim_one(second)
+    # Failed, to be retried later: the slot is free.
+    failed = await second.post(
+        f"/jobs/{job['id']}/fail",
+        json={"receiptHandle": job["receiptHandle"], "error": "boom", "retryAfterSeconds": 60},
+    )
+    assert failed.status_code == 200, failed.text
+    # Its lease expires (a one-second visibility timeout): the slot is free without the reaper.
+    job = await claim_one(first, visibilityTimeout=1)
+    assert (await first.post("/jobs/next", json=claim)).status_code == 204
+    await asyncio.sleep(1.2)
+    expired = await eventually(
+        lambda: second.post("/jobs/next", json=claim), lambda r: r.status_code == 200
+    )
+    assert len(expired.json()["jobs"]) == 1
+
+
+async def test_limits_are_shown_recorded_persisted_and_removed(
+    clean_database: str, redis_url: str
+) -> None:
+    limits = [{"taskType": "webhook", "concurrency": 20, "tenantConcurrency": 3}]
+    async with serving(create_app(settings(clean_database, redis_url))) as client:
+        await submit_many(client, "webhook", 1)
+        reply = await client.put(
+            "/queues/hooks/limits", json={"limits": limits}, headers={"X-Jobq-Actor": "ops:bo"}
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["lastChange"]["what"] == "limits"
+        assert reply.json()["lastChange"]["by"] == "ops:bo"
+        # A pause keeps the limits, and the limits keep a pause.
+        assert (await client.post("/queues/hooks/pause")).json()["limits"] == limits
+        assert (await put_limits(client, *limits)).json()["paused"] is True
+    async with serving(create_app(settings(clean_database, redis_url))) as client:
+        entry = await queue_entry(client, "hooks")
+        assert entry["limits"] == limits and entry["paused"] is True
+        removed = await put_limits(client)
+        assert removed.status_code == 200 and removed.json()["limits"] == []
+        await client.post("/queues/hooks/resume")
+        # No limit any more: the claim statement hands the job out at once.
+        reply = await client.post("/jobs/next", json={"worker": "w", "queues": ["hooks"]})
+        assert reply.status_code == 200 and len(reply.json()["jobs"]) == 1
+
+
+def limit(**fields: Any) -> dict[str, Any]:
+    return {"limits": [{"taskType": "webhook", **fields}]}
+
+
+@pytest.mark.parametrize(
+    ("body", "pointer"),
+    [
+        (limit(concurrency=0), "/limits/0/concurrency"),
+        (limit(concurrency=-1), "/limits/0/concurrency"),
+        (limit(concurrency=10**9), "/limits/0/concurrency"),
+        (limit(concurrency="NaN"), "/limits/0/concurrency"),
+        (limit(concurrency=2.5), "/limits/0/concurrency"),
+        (limit(tenantConcurrency=0), "/limits/0/tenantConcurrency"),
+        (limit(), "/limits/0"),
+        (limit(concurrency=2, tenantConcurrency=3), "/limits/0"),
+        (limit(concurrency=2, rate=5), "/limits/0/rate"),
+        ({"limits": [{"taskType": "Bad Name", "concurrency": 2}]}, "/limits/0/taskType"),
+        ({"limits": [{"concurrency": 2}]}, "/limits/0/taskType"),
+        ({"limits": [{"taskType": "a", "concurrency": 1}] * 2}, ""),
+        ({"limits": [{"taskType": f"t{n}", "concurrency": 1} for n in range(101)]}, "/limits"),
+        ({"limits": {"webhook": 2}}, "/limits"),
+        ({}, "/limits"),
+        ([], ""),
+    ],
+)
+async def test_bad_limits_are_refused_and_change_nothing(
+    replicas: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    body: Any,
+    pointer: str,
+) -> None:
+    first, _ = replicas
+    await submit_many(first, "webhook", 1)
+    reply = await first.put("/queues/hooks/limits", json=body)
+    assert reply.status_code == 422, reply.text
+    problem = reply.json()
+    assert reply.headers["content-type"].startswith("application/problem+json")
+    assert [error["pointer"] for error in problem["errors"]] == [pointer], problem
+    entry = await queue_entry(first, "hooks", pending=1)
+    assert entry["limits"] == [] and entry["lastChange"] is None
+
+
+async def test_limits_for_an_unknown_queue_are_404(
+    replicas: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    first, _ = replicas
+    reply = await first.put("/queues/nosuchqueue/limits", json={"limits": []})
+    assert reply.status_code == 404
+    assert reply.json()["type"].endswith("queue-not-found")
+
+
+async def test_only_an_admin_of_every_tenant_sets_limits_through_the_producer(
+    clean_database: str, redis_url: str
+) -> None:
+    async with guarded_services(clean_database, redis_url, KEYS) as (producer, _):
+        submitted = await producer.post(
+            "/jobs",
+            json={"taskType": "noop", "payload": {}, "queue": "hooks"},
+            headers={"Authorization": f"Bearer {ACME_SUBMIT}"},
+        )
+        assert submitted.status_code == 202, submitted.text
+        body = {"limits": [{"taskType": "noop", "concurrency": 2}]}
+        for key, status in ((ACME_SUBMIT, 403), (ACME_ADMIN, 403), ("wrong-key-0123456789", 401)):
+            refused = await producer.put(
+                "/queues/hooks/limits", json=body, headers={"Authorization": f"Bearer {key}"}
+            )
+            assert refused.status_code == status, refused.text
+        root = {"Authorization": f"Bearer {ROOT_KEY}"}
+        allowed = await producer.put("/queues/hooks/limits", json=body, headers=root)
+        assert allowed.status_code == 200, allowed.text
+        assert allowed.json()["limits"] == [
+            {"taskType": "noop", "concurrency": 2, "tenantConcurrency": None}
+        ]
+        key_id = hashlib.sha256(ROOT_KEY.encode()).hexdigest()[:12]
+        assert allowed.json()["lastChange"]["by"] == f"admin:*:key-{key_id}"
+        bad = await producer.put("/queues/hooks/limits", json=limit(concurrency=0), headers=root)
+        assert bad.status_code == 422, bad.text
+        missing = await producer.put("/queues/nosuchqueue/limits", json=body, headers=root)
+        assert missing.status_code == 404
