@@ -13,6 +13,7 @@ import re
 import time
 import urllib.parse
 import uuid
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -225,6 +226,30 @@ class Client:
     def resume(self, queue: str) -> QueueState:
         """Resume a paused `queue` (an admin key of tenant `*`); returns its state."""
         return self._call("POST", f"/queues/{_segment(queue)}/resume", QueueState)
+
+    def set_limits(self, queue: str, limits: Mapping[str, Mapping[str, int]]) -> QueueState:
+        """Replace `queue`'s concurrency limits (an admin key of tenant `*`), by task type:
+        `{"webhook": {"concurrency": 20, "tenant_concurrency": 3}}` lets at most 20 `webhook`
+        jobs run at once across every worker, and at most 3 of one tenant (either bound may
+        be left out, not both); `{}` removes every limit. Returns the queue's state. Raises
+        InvalidInput for a bad limit or a key other than those two (nothing is changed),
+        Forbidden for another key, QueueNotFound for a queue that has no job and no state."""
+        entries: list[dict[str, Any]] = []
+        for task_type, bounds in limits.items():
+            unknown = set(bounds) - {"concurrency", "tenant_concurrency"}
+            if unknown:
+                raise InvalidInput(
+                    f"unknown limit {sorted(unknown)[0]!r} for {task_type!r}",
+                    errors=[{"pointer": f"/limits/{len(entries)}", "detail": "unknown bound"}],
+                )
+            entry: dict[str, Any] = {"taskType": task_type}
+            if "concurrency" in bounds:
+                entry["concurrency"] = bounds["concurrency"]
+            if "tenant_concurrency" in bounds:
+                entry["tenantConcurrency"] = bounds["tenant_concurrency"]
+            entries.append(entry)
+        path = f"/queues/{_segment(queue)}/limits"
+        return self._call("PUT", path, QueueState, body={"limits": entries})
 
     def _call(
         self,

@@ -139,14 +139,18 @@ class Retention:
 async def refresh_depth(
     repository: JobRepository, cache: DepthCache, metrics: QueueMetrics
 ) -> None:
-    """Read depth and the queues' pause states from PostgreSQL, publish them as gauges and
-    cache them in Redis; then read the
-    database's health (one cheap statement) and publish it too. The freshness gauges record
+    """Read depth, the queues' pause states and their limits' slots in use from PostgreSQL,
+    publish them as gauges and cache depth and states in Redis; then read the database's
+    health (one cheap statement) and publish it too. The freshness gauges record
     when the depth read and the cache write last succeeded (the staleness alerts read them)."""
     rows = await repository.depth()
     states = await repository.queue_states()
     metrics.observe_depth(rows)
     metrics.observe_paused(states)
+    if any(state.limits for state in states):
+        metrics.observe_limits(await repository.limit_readings())
+    else:
+        metrics.observe_limits([])
     metrics.depth_refreshed.set_to_current_time()
     if await cache.store(rows, states) and metrics.depth_cache_written is not None:
         metrics.depth_cache_written.set_to_current_time()

@@ -8,7 +8,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from common.contracts import JobStatus, QueueState
 from common.metrics import OTHER, BoundedLabel, nameable
-from services.queue.readings import DEPTH_STATUSES, LIVE_STATUSES, DatabaseHealth, DepthRow
+from services.queue.readings import (
+    DEPTH_STATUSES,
+    LIVE_STATUSES,
+    DatabaseHealth,
+    DepthRow,
+    LimitReading,
+)
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _END_TO_END_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -81,6 +87,21 @@ class QueueMetrics:
             registry=registry,
         )
         self._paused_queues: set[str] = set()
+        self.concurrency_limit = Gauge(
+            "jobq_concurrency_limit",
+            "The concurrency limit of a (queue, task type) (PUT /queues/{queue}/limits): jobs "
+            "of it that may run at once in all; NaN when only a per-tenant bound is set.",
+            ["queue", "task_type"],
+            registry=registry,
+        )
+        self.concurrency_in_use = Gauge(
+            "jobq_concurrency_in_use",
+            "PROCESSING jobs of a limited (queue, task type), across every worker: the slots "
+            "of its limit in use.",
+            ["queue", "task_type"],
+            registry=registry,
+        )
+        self._limited_pairs: set[tuple[str, str]] = set()
         self.lease_expired = Counter(
             "jobq_lease_expired", "Leases the reaper found expired.", ["queue"], registry=registry
         )
@@ -217,6 +238,21 @@ class QueueMetrics:
         for state in shown:
             self.paused.labels(state.queue).set(1 if state.paused else 0)
         self._paused_queues = {state.queue for state in shown}
+
+    def observe_limits(self, readings: list[LimitReading]) -> None:
+        """Publish each limited (queue, task type)'s limit and slots in use; a pair whose limit
+        was removed loses its series. At most `label_limit` pairs (the busiest first)."""
+        shown = sorted(readings, key=lambda r: (-r.running, r.queue, r.task_type))
+        shown = shown[: self._label_limit]
+        pairs = {(reading.queue, reading.task_type) for reading in shown}
+        for pair in self._limited_pairs - pairs:
+            self.concurrency_limit.remove(*pair)
+            self.concurrency_in_use.remove(*pair)
+        for reading in shown:
+            limit = math.nan if reading.concurrency is None else reading.concurrency
+            self.concurrency_limit.labels(reading.queue, reading.task_type).set(limit)
+            self.concurrency_in_use.labels(reading.queue, reading.task_type).set(reading.running)
+        self._limited_pairs = pairs
 
     def observe_depth(self, rows: list[DepthRow]) -> None:
         """Publish a fresh depth snapshot in `jobq_jobs` and `jobq_oldest_pending_age_seconds`.

@@ -41,3 +41,14 @@ class DepthRow:
     status: JobStatus
     count: int
     oldest_age_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class LimitReading:
+    """One limited (queue, task type): its `concurrency` limit (None: a per-tenant bound
+    only) and the jobs of it PROCESSING now (`running`)."""
+
+    queue: str
+    task_type: str
+    concurrency: int | None
+    running: int

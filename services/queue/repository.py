@@ -51,7 +51,7 @@ from common.enqueue import WAKEUP_CHANNEL, Existing, Inserted, JobRow
 from common.errors import ServiceUnavailable
 from common.logging import RepeatedEvents
 from common.web.pools import PoolMetrics
-from services.queue.readings import DatabaseHealth, DepthRow
+from services.queue.readings import DatabaseHealth, DepthRow, LimitReading
 from services.queue.retry import BACKOFF_CEILING_SQL, Backoff
 
 logger = logging.getLogger(__name__)
@@ -429,6 +429,16 @@ RETURNING {_CONTROL_COLUMNS}
 _WAKE_ALL = f"SELECT pg_notify('{WAKEUP_CHANNEL}', $1::text || ':' || {INT_MAX})"
 
 _CONTROLS = f"SELECT {_CONTROL_COLUMNS} FROM queue_control ORDER BY queue"
+
+# Each limited (queue, task type) with its limit and its PROCESSING jobs (found through
+# ix_job_reaper, the partial index of PROCESSING jobs).
+_LIMIT_READINGS = """
+SELECT control.queue, limited.task_type, (limited.bounds ->> 'concurrency')::int AS concurrency,
+       (SELECT count(*) FROM job WHERE status = 'PROCESSING' AND queue = control.queue
+                                   AND task_type = limited.task_type)::int AS running
+FROM queue_control AS control, jsonb_each(control.limits) AS limited(task_type, bounds)
+ORDER BY 1, 2
+"""
 
 
 def _append_error(entry: str) -> str:
@@ -1386,6 +1396,13 @@ ORDER BY id DESC"""
     async def queue_states(self) -> list[QueueState]:
         """The state of every queue that was ever paused or limited, by name."""
         return [_to_state(row) for row in await self._fetch(_CONTROLS)]
+
+    async def limit_readings(self) -> list[LimitReading]:
+        """Every limited (queue, task type): its concurrency limit and its jobs running now."""
+        return [
+            LimitReading(r["queue"], r["task_type"], r["concurrency"], r["running"])
+            for r in await self._fetch(_LIMIT_READINGS)
+        ]
 
     async def now(self) -> datetime:
         """The database's clock (`statement_timestamp()`), which decides every visibility."""

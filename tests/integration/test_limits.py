@@ -16,6 +16,8 @@ import asyncpg
 import httpx
 import pytest
 
+from jobq import Client
+from jobq.errors import InvalidInput
 from services.queue.app import create_app
 from services.queue.settings import QueueSettings
 from tests.conftest import guarded_services, serving
@@ -165,7 +167,7 @@ async def test_a_limit_holds_on_every_replica_and_other_task_types_run_at_full_s
 async def test_a_tenant_limit_runs_no_two_jobs_of_one_tenant_at_once(
     replicas: tuple[httpx.AsyncClient, httpx.AsyncClient], clean_database: str
 ) -> None:
-    first, second = replicas
+    first, _ = replicas
     for tenant in ("acme", "globex", "initech"):
         await submit_many(first, "webhook", 40, tenant=tenant)
     reply = await put_limits(first, {"taskType": "webhook", "tenantConcurrency": 1})
@@ -193,6 +195,15 @@ async def test_a_released_failed_or_expired_job_frees_its_slot_at_once(
 
     job = await claim_one(first)
     assert (await second.post("/jobs/next", json=claim)).status_code == 204
+    # The limit and its slots in use are gauges, refreshed with the depth.
+    await eventually(
+        lambda: second.get("/metrics"),
+        lambda reply: (
+            'jobq_concurrency_in_use{queue="hooks",task_type="webhook"} 1.0' in reply.text
+            and 'jobq_concurrency_limit{queue="hooks",task_type="webhook"} 1.0' in reply.text
+        ),
+        what="limit gauges",
+    )
     # Released (a heartbeat of 0 s): the slot is free for the next claim, on either replica.
     released = await first.post(
         f"/jobs/{job['id']}/heartbeat",
@@ -320,3 +331,18 @@ async def test_only_an_admin_of_every_tenant_sets_limits_through_the_producer(
         assert bad.status_code == 422, bad.text
         missing = await producer.put("/queues/nosuchqueue/limits", json=body, headers=root)
         assert missing.status_code == 404
+
+        # The client library says the same with its own names.
+        def through_the_client() -> Any:
+            with Client(str(producer.base_url), api_key=ROOT_KEY) as client:
+                state = client.set_limits("hooks", {"noop": {"tenant_concurrency": 4}})
+                with pytest.raises(InvalidInput):
+                    client.set_limits("hooks", {"noop": {"concurrency": 0}})
+                with pytest.raises(InvalidInput):
+                    client.set_limits("hooks", {"noop": {"rate": 5}})
+                return state
+
+        state = await asyncio.to_thread(through_the_client)
+        assert [(limit.task_type, limit.tenant_concurrency) for limit in state.limits] == [
+            ("noop", 4)
+        ]
