@@ -79,6 +79,8 @@ def sanitize_result(result: Any, max_bytes: int) -> Any:
     the size as stored), or `{"truncated": true, "reason": …}` for a result nested deeper than
     RESULT_MAX_DEPTH.
     """
+    if result is None:
+        return None  # most acks carry no result: nothing to clean or measure
     growth = [0]
     try:
         clean = _sanitize_value(result, 0, growth)

@@ -402,6 +402,9 @@ class QueueService:
     ) -> list[AckResult]:
         """Record the acks applied, and answer every entry (200, or a replay's 200, 404, 409)."""
         self._record(settled)
+        if len(settled) == len(entries):
+            # Ids are distinct (`_distinct_ids`), so every entry was applied now: all 200.
+            return [AckResult(id=entry.id, status=200) for entry in entries]
         done = {job.id for job in settled}
         statuses = await self._replays(
             [(entry.id, entry.receipt_handle) for entry in entries if entry.id not in done]
@@ -667,12 +670,21 @@ class QueueService:
         and dead letters (ERROR), folded per task type (`common.logging.RepeatedEvents`)."""
         counts: Counter[tuple[str, str, str]] = Counter()
         metrics = self._metrics
+        # A batch's jobs share a few (queue, task type) pairs: their labels and end-to-end
+        # series are looked up once per pair, not once per job.
+        labels: dict[tuple[str, str], tuple[str, str]] = {}
+        end_to_end: dict[tuple[str, str], Any] = {}
         for job in settled:
-            queue, task = metrics.seed(job.queue, job.task_type)
+            pair = labels.get((job.queue, job.task_type))
+            if pair is None:
+                pair = labels[(job.queue, job.task_type)] = metrics.seed(job.queue, job.task_type)
             outcome = _outcome(job.status)
-            counts[(queue, task, outcome)] += 1
+            counts[(*pair, outcome)] += 1
             if job.end_to_end_seconds is not None:
-                metrics.end_to_end.labels(queue, task).observe(job.end_to_end_seconds)
+                series = end_to_end.get(pair)
+                if series is None:
+                    series = end_to_end[pair] = metrics.end_to_end.labels(*pair)
+                series.observe(job.end_to_end_seconds)
             if job.status is JobStatus.DEAD_LETTER:
                 self._repeats.log(
                     logger,

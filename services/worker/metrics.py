@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from common.metrics import BoundedLabel
@@ -24,6 +26,7 @@ class WorkerMetrics:
             buckets=_JOB_BUCKETS,
             registry=registry,
         )
+        self._durations: dict[tuple[str, str], Any] = {}
         self.claim_to_settle = Histogram(
             "jobq_worker_claim_to_settle_seconds",
             "Claim received to the settle confirmed committed by the queue service.",
@@ -42,3 +45,13 @@ class WorkerMetrics:
             "Results discarded because the lease was lost (another worker owns the job).",
             registry=registry,
         )
+
+    def observe_duration(self, task_label: str, outcome: str, seconds: float) -> None:
+        """Observe one run of `seconds` in `jobq_worker_job_duration_seconds`, its series
+        looked up once per (task label, outcome) for the worker's life (labels are bounded)."""
+        series = self._durations.get((task_label, outcome))
+        if series is None:
+            series = self._durations[(task_label, outcome)] = self.job_duration.labels(
+                task_label, outcome
+            )
+        series.observe(seconds)

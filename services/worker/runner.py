@@ -371,7 +371,7 @@ class Worker:
                     running, "cancel confirmation", lambda: self._settler.cancelled(job.id, handle)
                 )
                 if confirmed is not None:
-                    self._metrics.job_duration.labels(task_label, "cancelled").observe(duration)
+                    self._metrics.observe_duration(task_label, "cancelled", duration)
                     logger.info("job cancelled on request", extra=extra)
             case Stop.SHUTDOWN:
                 # One try only: the process is exiting, and an unreleased lease just expires.
@@ -386,7 +386,7 @@ class Worker:
                 except JobqError as exc:
                     logger.warning("could not release at shutdown: %s", exc, extra=extra)
                     return
-                self._metrics.job_duration.labels(task_label, "released").observe(duration)
+                self._metrics.observe_duration(task_label, "released", duration)
                 logger.warning("job released at shutdown", extra=extra)
             case Stop.LEASE_LOST:
                 self._lost(job, "heartbeat refused")
@@ -398,7 +398,7 @@ class Worker:
         if acked is None:
             return
         task_label = self._metrics.task_label(job.task_type)
-        self._metrics.job_duration.labels(task_label, "success").observe(duration)
+        self._metrics.observe_duration(task_label, "success", duration)
         self._metrics.claim_to_settle.observe(time.monotonic() - running.claimed)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
@@ -426,7 +426,7 @@ class Worker:
             return
         outcome = "dead_letter" if reply.job_status is JobStatus.DEAD_LETTER else "retry"
         task_label = self._metrics.task_label(job.task_type)
-        self._metrics.job_duration.labels(task_label, outcome).observe(duration)
+        self._metrics.observe_duration(task_label, outcome, duration)
         self._metrics.claim_to_settle.observe(time.monotonic() - running.claimed)
         extra = {
             "event": f"job_{outcome}",
