@@ -324,8 +324,9 @@ async def exercise(stack: LocalStack, jobs: int = 40) -> None:
     `jobs` noop submits and a batch (successes, end-to-end and claim latency), sleep jobs
     (busy worker slots), webhooks to a port nothing listens on with `maxAttempts` 2 (retries,
     then dead letters), a 422 and a 404 (producer 4xx), and by hand on the queue service, on a
-    queue no worker serves, one lease left to expire (the reaper's expiry) and one released
-    with a heartbeat of 0. Raises httpx.HTTPStatusError when a service answers unexpectedly.
+    queue no worker serves, one lease left to expire (the reaper's expiry), one released
+    with a heartbeat of 0 and a concurrency limit set. Raises httpx.HTTPStatusError when a
+    service answers unexpectedly.
     """
     closed = free_port()
     async with httpx.AsyncClient(base_url=stack.producer, timeout=10) as producer:
@@ -363,3 +364,9 @@ async def exercise(stack: LocalStack, jobs: int = 40) -> None:
             json={"receiptHandle": released["receiptHandle"], "visibilityTimeout": 0},
         )
         reply.raise_for_status()
+        # A concurrency limit, so its gauges (limit, slots in use) have series.
+        limited = await queue.put(
+            "/queues/manual/limits",
+            json={"limits": [{"taskType": "noop", "concurrency": 5, "tenantConcurrency": 2}]},
+        )
+        limited.raise_for_status()

@@ -411,6 +411,25 @@ def _workers(board: dashboard.Dashboard) -> None:
             "Claims per second that handed out jobs or came back empty, and the mean batch.",
         )
     )
+    board.with_panel(
+        graph(
+            "Concurrency limits",
+            "short",
+            [
+                Query(
+                    f"max by (queue, task_type) (jobq_concurrency_in_use{{{QUEUE}}})",
+                    "in use {{queue}}/{{task_type}}",
+                ),
+                Query(
+                    f"max by (queue, task_type) (jobq_concurrency_limit{{{QUEUE}}})",
+                    "limit {{queue}}/{{task_type}}",
+                ),
+            ],
+            "Jobs running of each limited (queue, task type) beside its limit (PUT"
+            " /queues/{queue}/limits); in use at the limit for long with jobs waiting fires"
+            " JobqConcurrencyLimitHoldsJobsBack.",
+        )
+    )
 
 
 def _postgres(board: dashboard.Dashboard) -> None:

@@ -54,6 +54,7 @@ from common.errors import (
     JobNotFound,
     JobqError,
     QueueNotFound,
+    ServiceUnavailable,
     StaleReceiptHandle,
 )
 from common.ids import new_job_id
@@ -357,16 +358,24 @@ class QueueService:
     ) -> list[Claimed]:
         """Up to `room` more jobs for `request` from the task types its queues limit (the
         claim statement leaves those to this), each pair claimed within its limit
-        (`JobRepository.claim_limited`). Queues without limits cost one dictionary lookup."""
-        limited = await self._limited_task_types()
+        (`JobRepository.claim_limited`). Queues without limits cost one dictionary lookup.
+
+        When the database fails here after the claim statement handed out jobs (`room` is
+        less than `request.max`), those jobs are answered rather than left to their leases:
+        the failure is raised only when nothing was claimed."""
         jobs: list[Claimed] = []
-        for queue in request.queues:
-            for task_type in limited.get(queue, ()):
-                if len(jobs) >= room:
-                    return jobs
-                jobs += await self._repository.claim_limited(
-                    queue, task_type, request.worker, room - len(jobs), visibility
-                )
+        try:
+            limited = await self._limited_task_types()
+            for queue in request.queues:
+                for task_type in limited.get(queue, ()):
+                    if len(jobs) >= room:
+                        return jobs
+                    jobs += await self._repository.claim_limited(
+                        queue, task_type, request.worker, room - len(jobs), visibility
+                    )
+        except ServiceUnavailable:
+            if room == request.max and not jobs:
+                raise
         return jobs
 
     async def _limited_task_types(self) -> dict[str, tuple[str, ...]]:
