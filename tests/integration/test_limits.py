@@ -9,7 +9,6 @@ import hashlib
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -19,26 +18,10 @@ import pytest
 from jobq import Client
 from jobq.errors import InvalidInput
 from services.queue.app import create_app
-from services.queue.settings import QueueSettings
 from tests.conftest import guarded_services, serving
 from tests.helpers import eventually
+from tests.integration.conftest import replica_settings
 from tests.integration.test_pause import ACME_ADMIN, ACME_SUBMIT, KEYS, ROOT_KEY, queue_entry
-
-
-def settings(database_url: str, redis_url: str) -> QueueSettings:
-    return QueueSettings(database_url=database_url, redis_url=redis_url, queue_depth_interval=0.2)
-
-
-@pytest.fixture
-async def replicas(
-    clean_database: str, redis_url: str
-) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
-    """Two queue-service replicas on one database."""
-    async with (
-        serving(create_app(settings(clean_database, redis_url))) as first,
-        serving(create_app(settings(clean_database, redis_url))) as second,
-    ):
-        yield first, second
 
 
 async def submit_many(
@@ -231,7 +214,7 @@ async def test_limits_are_shown_recorded_persisted_and_removed(
     clean_database: str, redis_url: str
 ) -> None:
     limits = [{"taskType": "webhook", "concurrency": 20, "tenantConcurrency": 3}]
-    async with serving(create_app(settings(clean_database, redis_url))) as client:
+    async with serving(create_app(replica_settings(clean_database, redis_url))) as client:
         await submit_many(client, "webhook", 1)
         reply = await client.put(
             "/queues/hooks/limits", json={"limits": limits}, headers={"X-Jobq-Actor": "ops:bo"}
@@ -242,7 +225,7 @@ async def test_limits_are_shown_recorded_persisted_and_removed(
         # A pause keeps the limits, and the limits keep a pause.
         assert (await client.post("/queues/hooks/pause")).json()["limits"] == limits
         assert (await put_limits(client, *limits)).json()["paused"] is True
-    async with serving(create_app(settings(clean_database, redis_url))) as client:
+    async with serving(create_app(replica_settings(clean_database, redis_url))) as client:
         entry = await queue_entry(client, "hooks")
         assert entry["limits"] == limits and entry["paused"] is True
         removed = await put_limits(client)

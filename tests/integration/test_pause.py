@@ -6,34 +6,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
 from services.queue.app import create_app
-from services.queue.settings import QueueSettings
 from tests.conftest import guarded_services, serving
 from tests.helpers import eventually
+from tests.integration.conftest import replica_settings
 
 CLAIM = {"worker": "w", "queues": ["email"], "max": 10}
-
-
-def settings(database_url: str, redis_url: str) -> QueueSettings:
-    return QueueSettings(database_url=database_url, redis_url=redis_url, queue_depth_interval=0.2)
-
-
-@pytest.fixture
-async def replicas(
-    clean_database: str, redis_url: str
-) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
-    """Two queue-service replicas on one database."""
-    async with (
-        serving(create_app(settings(clean_database, redis_url))) as first,
-        serving(create_app(settings(clean_database, redis_url))) as second,
-    ):
-        yield first, second
 
 
 async def submit(client: httpx.AsyncClient, queue: str = "email", count: int = 1) -> list[str]:
@@ -141,10 +124,10 @@ async def test_resume_wakes_long_polls_on_every_replica(
 
 
 async def test_the_pause_survives_a_restart(clean_database: str, redis_url: str) -> None:
-    async with serving(create_app(settings(clean_database, redis_url))) as client:
+    async with serving(create_app(replica_settings(clean_database, redis_url))) as client:
         await submit(client)
         assert (await client.post("/queues/email/pause")).status_code == 200
-    async with serving(create_app(settings(clean_database, redis_url))) as client:
+    async with serving(create_app(replica_settings(clean_database, redis_url))) as client:
         assert (await client.post("/jobs/next", json=CLAIM)).status_code == 204
         assert (await queue_entry(client, "email"))["paused"] is True
 
