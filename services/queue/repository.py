@@ -310,8 +310,13 @@ picked AS (
 # Claims of one limited (queue, task type) take a transaction-scoped advisory lock on the pair
 # first (_LOCK_LIMIT), then count in a statement of their own: its snapshot is taken after the
 # lock, so it sees every claim of the pair committed before, and two claimers can never both
-# fill the last slot. Other pairs, queues and the unlimited claim never wait for it.
-_LOCK_LIMIT = "SELECT pg_advisory_xact_lock(hashtextextended('jobq.limit:' || $1 || '/' || $2, 0))"
+# fill the last slot. A claimer that finds the lock taken does not wait: another is claiming
+# the pair's jobs right now, and claimers queueing on the lock (each holding a pooled
+# connection) would serialise every claim of the pair. Other pairs, queues and the unlimited
+# claim never touch it.
+_LOCK_LIMIT = (
+    "SELECT pg_try_advisory_xact_lock(hashtextextended('jobq.limit:' || $1 || '/' || $2, 0))"
+)
 
 # At most `concurrency` PROCESSING jobs of the pair, and `tenantConcurrency` of one tenant:
 # the room left (`room`) bounds the walk (ix_job_claim, filtered on the task type, in claim
@@ -1130,11 +1135,13 @@ class JobRepository:
 
         One transaction: an advisory lock on the pair, then the claim in a statement whose
         snapshot follows the lock, so concurrent claimers of the pair never both take its last
-        slot; other pairs and queues do not wait. Returns the jobs in claim order, like
-        `claim`.
+        slot; nothing, without waiting, when another claimer holds the lock (it is claiming
+        the pair's jobs). Other pairs and queues are not affected. Returns the jobs in claim
+        order, like `claim`.
         """
         async with self._connection() as conn, conn.transaction():
-            await conn.execute(_LOCK_LIMIT, queue, task_type)
+            if not await conn.fetchval(_LOCK_LIMIT, queue, task_type):
+                return []
             rows = await conn.fetch(
                 _CLAIM_LIMITED, queue, task_type, max_jobs, worker, visibility_timeout
             )

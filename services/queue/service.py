@@ -164,6 +164,7 @@ class QueueService:
         self._limited: dict[str, tuple[str, ...]] = {}
         self._limited_read_at = -math.inf
         self._limited_lock = asyncio.Lock()
+        self._rotation = 0
 
     async def aclose(self) -> None:
         """Finish the group commits under way."""
@@ -299,19 +300,25 @@ class QueueService:
         commit at once (docs/architecture.md#claim). Raises InvalidInput for repeated ack ids.
         """
         visibility = request.visibility_timeout or self._settings.queue_visibility_timeout
+        limited = await self._limited_task_types()
         if request.acks:
-            jobs, acks = await self._ack_and_claim(request, visibility)
-            if not jobs:
+            if any(queue in limited for queue in request.queues):
+                # The acks first, so the slots they free count for this claim's limited jobs.
+                acks = await self._acked(request.acks, "/acks")
+                started = time.perf_counter()
+                jobs = await self._claim_once(request, visibility, limited)
+                self._metrics.claim_duration.observe(time.perf_counter() - started)
+            else:
+                jobs, acks = await self._ack_and_claim(request, visibility)
+            if jobs:
+                self._metrics.claim_batch_size.observe(len(jobs))
+            else:
                 self._metrics.empty_claims.inc()
             return jobs, acks
         deadline = time.monotonic() + request.wait_seconds
         while True:
             started = time.perf_counter()
-            jobs = await self._repository.claim(
-                request.queues, request.worker, request.max, visibility
-            )
-            if len(jobs) < request.max:
-                jobs += await self._claim_limited(request, visibility, request.max - len(jobs))
+            jobs = await self._claim_once(request, visibility, limited)
             self._metrics.claim_duration.observe(time.perf_counter() - started)
             if jobs:
                 self._metrics.claim_batch_size.observe(len(jobs))
@@ -346,37 +353,50 @@ class QueueService:
             request.max,
             visibility,
         )
-        if len(jobs) < request.max:
-            jobs += await self._claim_limited(request, visibility, request.max - len(jobs))
         self._metrics.claim_duration.observe(time.perf_counter() - started)
-        if jobs:
-            self._metrics.claim_batch_size.observe(len(jobs))
         return jobs, await self._ack_results(entries, settled)
 
-    async def _claim_limited(
-        self, request: ClaimRequest, visibility: int, room: int
+    async def _claim_once(
+        self, request: ClaimRequest, visibility: int, limited: dict[str, tuple[str, ...]]
     ) -> list[Claimed]:
-        """Up to `room` more jobs for `request` from the task types its queues limit (the
-        claim statement leaves those to this), each pair claimed within its limit
-        (`JobRepository.claim_limited`). Queues without limits cost one dictionary lookup.
+        """One claim of up to `request.max` jobs: first from the task types its queues limit
+        (`limited`), each pair within its limit (`JobRepository.claim_limited`), then the
+        claim statement for the rest. Limited jobs go first because the claim statement would
+        otherwise hand out a steady flow of unlimited jobs ahead of them for ever; they can
+        take no more slots than their limits allow, so the unlimited jobs are never starved
+        in turn. The pairs of a queue are tried from a rotating start, so no task type's
+        backlog keeps another's from its room. Queues without limits cost one dictionary
+        lookup.
 
-        When the database fails here after the claim statement handed out jobs (`room` is
-        less than `request.max`), those jobs are answered rather than left to their leases:
-        the failure is raised only when nothing was claimed."""
+        When the database fails after limited jobs were claimed, those are answered rather
+        than left to their leases."""
         jobs: list[Claimed] = []
+        if limited:
+            self._rotation += 1
+            try:
+                for queue in request.queues:
+                    types = limited.get(queue, ())
+                    start = self._rotation % len(types) if types else 0
+                    for task_type in types[start:] + types[:start]:
+                        if len(jobs) >= request.max:
+                            return jobs
+                        jobs += await self._repository.claim_limited(
+                            queue, task_type, request.worker, request.max - len(jobs), visibility
+                        )
+            except ServiceUnavailable:
+                if not jobs:
+                    raise
+                return jobs
+            if len(jobs) >= request.max:
+                return jobs
         try:
-            limited = await self._limited_task_types()
-            for queue in request.queues:
-                for task_type in limited.get(queue, ()):
-                    if len(jobs) >= room:
-                        return jobs
-                    jobs += await self._repository.claim_limited(
-                        queue, task_type, request.worker, room - len(jobs), visibility
-                    )
+            return jobs + await self._repository.claim(
+                request.queues, request.worker, request.max - len(jobs), visibility
+            )
         except ServiceUnavailable:
-            if room == request.max and not jobs:
+            if not jobs:
                 raise
-        return jobs
+            return jobs
 
     async def _limited_task_types(self) -> dict[str, tuple[str, ...]]:
         """The task types each queue limits, read from PostgreSQL at most once per
@@ -397,14 +417,18 @@ class QueueService:
         Per entry: 200 when completed now or already settled with that handle (a replay), 404
         for an unknown job, 409 for a stale handle. Raises InvalidInput for repeated ids.
         """
-        _distinct_ids([entry.id for entry in entries])
+        return BatchAckResponse(results=await self._acked(entries, "/entries"))
+
+    async def _acked(self, entries: Sequence[AckEntry], pointer: str) -> list[AckResult]:
+        """`ack_many`'s outcomes; repeated ids are refused pointing at `pointer`."""
+        _distinct_ids([entry.id for entry in entries], pointer)
         settled = await self._repository.ack_many(
             [
                 (entry.id, entry.receipt_handle, sanitize_result(entry.result, RESULT_MAX_BYTES))
                 for entry in entries
             ]
         )
-        return BatchAckResponse(results=await self._ack_results(entries, settled))
+        return await self._ack_results(entries, settled)
 
     async def _ack_results(
         self, entries: Sequence[AckEntry], settled: Sequence[Settled]

@@ -329,3 +329,40 @@ async def test_only_an_admin_of_every_tenant_sets_limits_through_the_producer(
         assert [(limit.task_type, limit.tenant_concurrency) for limit in state.limits] == [
             ("noop", 4)
         ]
+
+
+async def test_limited_jobs_are_not_starved_by_a_flow_of_unlimited_ones(
+    replicas: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    first, second = replicas
+    await submit_many(first, "noop", 30)
+    await submit_many(first, "webhook", 3)
+    elsewhere = [{"taskType": "noop", "payload": {}, "queue": "other"}] * 20
+    assert (await first.post("/jobs/batch", json={"jobs": elsewhere})).status_code == 200
+    assert (await put_limits(first, {"taskType": "webhook", "concurrency": 50})).status_code == 200
+    # The claim statement alone would hand out the 50 earlier noop jobs first, and a steady
+    # flow of them for ever; the limited jobs are claimed first, within their limit.
+    claimed = []
+    for client in (first, second, first):
+        claim = {"worker": "w", "queues": ["other", "hooks"], "max": 1}
+        reply = await client.post("/jobs/next", json=claim)
+        assert reply.status_code == 200, reply.text
+        claimed += [job["taskType"] for job in reply.json()["jobs"]]
+    assert claimed == ["webhook"] * 3
+
+
+async def test_a_claim_carrying_acks_gets_the_slot_its_acks_freed(
+    replicas: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    first, _ = replicas
+    await submit_many(first, "webhook", 3)
+    assert (await put_limits(first, {"taskType": "webhook", "concurrency": 1})).status_code == 200
+    claim: dict[str, Any] = {"worker": "w", "queues": ["hooks"], "max": 2}
+    for _ in range(3):
+        reply = await first.post("/jobs/next", json=claim)
+        assert reply.status_code == 200, reply.text
+        [job] = reply.json()["jobs"]
+        claim["acks"] = [{"id": job["id"], "receiptHandle": job["receiptHandle"]}]
+    reply = await first.post("/jobs/next", json=claim)
+    assert reply.status_code == 200 and reply.json()["jobs"] == []
+    assert [ack["status"] for ack in reply.json()["acks"]] == [200]
