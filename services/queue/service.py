@@ -290,7 +290,9 @@ class QueueService:
         self, request: ClaimRequest, disconnected: asyncio.Future[Any] | None = None
     ) -> tuple[list[Claimed], list[AckResult]]:
         """Claim up to `request.max` jobs, long-polling up to `request.wait_seconds`; complete
-        the jobs in `request.acks` first, in the same statement as the first claim.
+        the jobs in `request.acks` first, in the same statement as the claim (in a statement
+        of their own before it when the request's queues have concurrency limits, so the
+        slots they free count).
 
         Returns the jobs claimed and one outcome per ack (as `ack_many`), as soon as at least
         one job is claimed; no jobs when none arrived in time, when the service is shutting
