@@ -111,6 +111,14 @@ def _raise_for(job_id: uuid.UUID, handle: uuid.UUID, status: int) -> None:
 _LATE = "the caller's deadline (X-Jobq-Deadline) passed before the work began; nothing was done"
 
 
+def _ack_rows(entries: Sequence[AckEntry]) -> list[tuple[uuid.UUID, uuid.UUID, Any]]:
+    """The (id, receipt handle, sanitised result) of each ack, as the repository takes them."""
+    return [
+        (entry.id, entry.receipt_handle, sanitize_result(entry.result, RESULT_MAX_BYTES))
+        for entry in entries
+    ]
+
+
 def _limited_by_queue(states: list[QueueState]) -> dict[str, tuple[str, ...]]:
     """The task types each queue limits, in name order, for the queues that limit any."""
     return {
@@ -346,10 +354,7 @@ class QueueService:
         _distinct_ids([entry.id for entry in entries], "/acks")
         started = time.perf_counter()
         jobs, settled = await self._repository.ack_and_claim(
-            [
-                (entry.id, entry.receipt_handle, sanitize_result(entry.result, RESULT_MAX_BYTES))
-                for entry in entries
-            ],
+            _ack_rows(entries),
             request.queues,
             request.worker,
             request.max,
@@ -424,12 +429,7 @@ class QueueService:
     async def _acked(self, entries: Sequence[AckEntry], pointer: str) -> list[AckResult]:
         """`ack_many`'s outcomes; repeated ids are refused pointing at `pointer`."""
         _distinct_ids([entry.id for entry in entries], pointer)
-        settled = await self._repository.ack_many(
-            [
-                (entry.id, entry.receipt_handle, sanitize_result(entry.result, RESULT_MAX_BYTES))
-                for entry in entries
-            ]
-        )
+        settled = await self._repository.ack_many(_ack_rows(entries))
         return await self._ack_results(entries, settled)
 
     async def _ack_results(
