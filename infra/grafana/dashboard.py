@@ -424,10 +424,14 @@ def _workers(board: dashboard.Dashboard) -> None:
                     f"max by (queue, task_type) (jobq_concurrency_limit{{{QUEUE}}})",
                     "limit {{queue}}/{{task_type}}",
                 ),
+                Query(
+                    f"max by (queue, task_type) (jobq_concurrency_waiting{{{QUEUE}}})",
+                    "waiting {{queue}}/{{task_type}}",
+                ),
             ],
             "Jobs running of each limited (queue, task type) beside its limit (PUT"
-            " /queues/{queue}/limits); in use at the limit for long with jobs waiting fires"
-            " JobqConcurrencyLimitHoldsJobsBack.",
+            " /queues/{queue}/limits), and its jobs waiting (at most 1,000 counted); in use at"
+            " the limit for long with jobs waiting fires JobqConcurrencyLimitHoldsJobsBack.",
         )
     )
 

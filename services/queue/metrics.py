@@ -11,6 +11,7 @@ from common.metrics import OTHER, BoundedLabel, nameable
 from services.queue.readings import (
     DEPTH_STATUSES,
     LIVE_STATUSES,
+    WAITING_COUNTED,
     DatabaseHealth,
     DepthRow,
     LimitReading,
@@ -98,6 +99,13 @@ class QueueMetrics:
             "jobq_concurrency_in_use",
             "PROCESSING jobs of a limited (queue, task type), across every worker: the slots "
             "of its limit in use.",
+            ["queue", "task_type"],
+            registry=registry,
+        )
+        self.concurrency_waiting = Gauge(
+            "jobq_concurrency_waiting",
+            "PENDING jobs of a limited (queue, task type): jobs its limit may be holding back "
+            f"(at most {WAITING_COUNTED:,} counted).",
             ["queue", "task_type"],
             registry=registry,
         )
@@ -240,18 +248,21 @@ class QueueMetrics:
         self._paused_queues = {state.queue for state in shown}
 
     def observe_limits(self, readings: list[LimitReading]) -> None:
-        """Publish each limited (queue, task type)'s limit and slots in use; a pair whose limit
-        was removed loses its series. At most `label_limit` pairs (the busiest first)."""
+        """Publish each limited (queue, task type)'s limit, slots in use and jobs waiting; a
+        pair whose limit was removed loses its series. At most `label_limit` pairs (the
+        busiest first)."""
         shown = sorted(readings, key=lambda r: (-r.running, r.queue, r.task_type))
         shown = shown[: self._label_limit]
         pairs = {(reading.queue, reading.task_type) for reading in shown}
         for pair in self._limited_pairs - pairs:
             self.concurrency_limit.remove(*pair)
             self.concurrency_in_use.remove(*pair)
+            self.concurrency_waiting.remove(*pair)
         for reading in shown:
             limit = math.nan if reading.concurrency is None else reading.concurrency
             self.concurrency_limit.labels(reading.queue, reading.task_type).set(limit)
             self.concurrency_in_use.labels(reading.queue, reading.task_type).set(reading.running)
+            self.concurrency_waiting.labels(reading.queue, reading.task_type).set(reading.waiting)
         self._limited_pairs = pairs
 
     def observe_depth(self, rows: list[DepthRow]) -> None:

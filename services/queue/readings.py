@@ -46,9 +46,16 @@ class DepthRow:
 @dataclass(frozen=True, slots=True)
 class LimitReading:
     """One limited (queue, task type): its `concurrency` limit (None: a per-tenant bound
-    only) and the jobs of it PROCESSING now (`running`)."""
+    only), the jobs of it PROCESSING now (`running`) and PENDING now (`waiting`, counted up
+    to `WAITING_COUNTED`)."""
 
     queue: str
     task_type: str
     concurrency: int | None
     running: int
+    waiting: int
+
+
+WAITING_COUNTED = 1_000
+"""PENDING jobs of one limited (queue, task type) a depth refresh counts at most: enough to
+tell a limit that holds work back from one that does not, at a bounded cost per refresh."""

@@ -51,7 +51,7 @@ from common.enqueue import WAKEUP_CHANNEL, Existing, Inserted, JobRow
 from common.errors import ServiceUnavailable
 from common.logging import RepeatedEvents
 from common.web.pools import PoolMetrics
-from services.queue.readings import DatabaseHealth, DepthRow, LimitReading
+from services.queue.readings import WAITING_COUNTED, DatabaseHealth, DepthRow, LimitReading
 from services.queue.retry import BACKOFF_CEILING_SQL, Backoff
 
 logger = logging.getLogger(__name__)
@@ -435,12 +435,16 @@ _WAKE_ALL = f"SELECT pg_notify('{WAKEUP_CHANNEL}', $1::text || ':' || {INT_MAX})
 
 _CONTROLS = f"SELECT {_CONTROL_COLUMNS} FROM queue_control ORDER BY queue"
 
-# Each limited (queue, task type) with its limit and its PROCESSING jobs (found through
-# ix_job_reaper, the partial index of PROCESSING jobs).
+# Each limited (queue, task type) with its limit, its PROCESSING jobs (found through
+# ix_job_reaper, the partial index of PROCESSING jobs) and its PENDING ones (through
+# ix_job_claim, at most $1 of them counted).
 _LIMIT_READINGS = """
 SELECT control.queue, limited.task_type, (limited.bounds ->> 'concurrency')::int AS concurrency,
        (SELECT count(*) FROM job WHERE status = 'PROCESSING' AND queue = control.queue
-                                   AND task_type = limited.task_type)::int AS running
+                                   AND task_type = limited.task_type)::int AS running,
+       (SELECT count(*) FROM (SELECT FROM job WHERE status = 'PENDING' AND queue = control.queue
+                                               AND task_type = limited.task_type
+                              LIMIT $1::int) AS pending)::int AS waiting
 FROM queue_control AS control, jsonb_each(control.limits) AS limited(task_type, bounds)
 ORDER BY 1, 2
 """
@@ -1405,10 +1409,11 @@ ORDER BY id DESC"""
         return [_to_state(row) for row in await self._fetch(_CONTROLS)]
 
     async def limit_readings(self) -> list[LimitReading]:
-        """Every limited (queue, task type): its concurrency limit and its jobs running now."""
+        """Every limited (queue, task type): its concurrency limit, its jobs running now and
+        its jobs waiting (PENDING, at most `WAITING_COUNTED` counted)."""
         return [
-            LimitReading(r["queue"], r["task_type"], r["concurrency"], r["running"])
-            for r in await self._fetch(_LIMIT_READINGS)
+            LimitReading(r["queue"], r["task_type"], r["concurrency"], r["running"], r["waiting"])
+            for r in await self._fetch(_LIMIT_READINGS, WAITING_COUNTED)
         ]
 
     async def now(self) -> datetime:

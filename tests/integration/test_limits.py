@@ -178,12 +178,13 @@ async def test_a_released_failed_or_expired_job_frees_its_slot_at_once(
 
     job = await claim_one(first)
     assert (await second.post("/jobs/next", json=claim)).status_code == 204
-    # The limit and its slots in use are gauges, refreshed with the depth.
+    # The limit, its slots in use and its jobs waiting are gauges, refreshed with the depth.
     await eventually(
         lambda: second.get("/metrics"),
         lambda reply: (
             'jobq_concurrency_in_use{queue="hooks",task_type="webhook"} 1.0' in reply.text
             and 'jobq_concurrency_limit{queue="hooks",task_type="webhook"} 1.0' in reply.text
+            and 'jobq_concurrency_waiting{queue="hooks",task_type="webhook"} 4.0' in reply.text
         ),
         what="limit gauges",
     )
