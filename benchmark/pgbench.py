@@ -54,8 +54,12 @@ def script(batch: int) -> str:
         f"{head}SELECT coalesce(array_agg(id), '{{}}') AS ids,"
         " coalesce(array_agg(lease_id), '{}') AS leases FROM claimed"
     )
-    literals = {"$1": "'{default}'", "$2": str(batch), "$3": "'pgbench'", "$4": "30"}
-    claim = re.sub(r"\$[1-4]\b", lambda m: literals[m.group(0)], claim)
+    # No fair-share cursor ($5): each transaction starts its window at the first tenant.
+    literals = {
+        "$1": "'{default}'", "$2": str(batch), "$3": "'pgbench'", "$4": "30",
+        "$5": "ARRAY[NULL]::text[]",
+    }  # fmt: skip
+    claim = re.sub(r"\$[1-5]\b", lambda m: literals[m.group(0)], claim)
     results = "array_fill(NULL::text, ARRAY[cardinality(:ids::uuid[])])"
     acked = {"$1": ":ids", "$2": ":leases", "$3": results}
     ack = re.sub(r"\$[1-3]\b", lambda m: acked[m.group(0)], repository.ACK_STATEMENT)

@@ -477,11 +477,12 @@ class QueueChange(_Wire):
     """The last change an operator made to a queue's state: when (`at`), by whom (`by`: the
     caller as the producer identified it, `<role>:<tenant>:key-<first 12 hex digits of the
     key's SHA-256>`, or what a direct caller of the queue service named), and what
-    (`pause`, `resume`, or `limits`: its concurrency limits were set)."""
+    (`pause`, `resume`, `limits`: its concurrency limits were set, or `weights`: its
+    tenants' weights in the fair share were set)."""
 
     at: datetime
     by: str
-    what: Literal["pause", "resume", "limits"]
+    what: Literal["pause", "resume", "limits", "weights"]
 
 
 CONCURRENCY_MAX = 100_000
@@ -526,6 +527,34 @@ class LimitsRequest(_Wire):
             raise ValueError("each task type may have one limit")
 
 
+WEIGHT_MIN, WEIGHT_MAX = 0.01, 1000.0
+"""The range of a tenant's weight in a queue's fair share."""
+WEIGHTED_TENANTS_MAX = 1000
+"""Tenants one queue may weigh (every other tenant weighs 1)."""
+
+
+class TenantWeight(_Wire):
+    """Tenant `tenant`'s weight in its queue's fair share (docs/architecture.md#fair-shares):
+    while several tenants have ready jobs in the queue, each claim hands out jobs to each in
+    proportion to its weight (a tenant of weight 3 gets three jobs for every one of a tenant
+    of weight 1). A tenant not named weighs 1."""
+
+    tenant: Annotated[str, Meta(pattern=NAME_PATTERN, description="A tenant name.")]
+    weight: Annotated[float, Meta(ge=WEIGHT_MIN, le=WEIGHT_MAX)]
+
+
+class WeightsRequest(_Wire):
+    """`PUT /queues/{queue}/weights` body: the queue's tenant weights, which replace the ones
+    it had (`{"weights": []}`: every tenant weighs 1 again)."""
+
+    weights: Annotated[list[TenantWeight], Meta(max_length=WEIGHTED_TENANTS_MAX)]
+
+    def __post_init__(self) -> None:
+        named = [entry.tenant for entry in self.weights]
+        if len(set(named)) != len(named):
+            raise ValueError("each tenant may have one weight")
+
+
 class QueueDepth(_Wire):
     """Per-queue counts of `GET /queues` (approximate when served from the Redis cache), and
     whether the queue is paused (since `pausedAt`; read from PostgreSQL when it answers) with
@@ -542,18 +571,21 @@ class QueueDepth(_Wire):
     paused: bool = False
     paused_at: datetime | None = None
     limits: list[ConcurrencyLimit] = msgspec.field(default_factory=list)
+    weights: list[TenantWeight] = msgspec.field(default_factory=list)
     last_change: QueueChange | None = None
 
 
 class QueueState(_Wire):
-    """`POST /queues/{queue}/pause|resume` and `PUT /queues/{queue}/limits` reply: the queue's
-    state after the change (paused or not, its concurrency limits by task type)."""
+    """`POST /queues/{queue}/pause|resume`, `PUT /queues/{queue}/limits` and
+    `PUT /queues/{queue}/weights` reply: the queue's state after the change (paused or not,
+    its concurrency limits by task type, its tenants' weights)."""
 
     queue: str
     paused: bool
     paused_at: datetime | None
     last_change: QueueChange
     limits: list[ConcurrencyLimit] = msgspec.field(default_factory=list)
+    weights: list[TenantWeight] = msgspec.field(default_factory=list)
 
 
 class QueuesResponse(_Wire):

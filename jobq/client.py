@@ -251,6 +251,17 @@ class Client:
         path = f"/queues/{_segment(queue)}/limits"
         return self._call("PUT", path, QueueState, body={"limits": entries})
 
+    def set_weights(self, queue: str, weights: Mapping[str, float]) -> QueueState:
+        """Replace the tenants' weights in `queue`'s fair share (an admin key of tenant `*`):
+        `{"acme": 3}` gives tenant `acme` three jobs for every one of any other tenant while
+        both have ready jobs in the queue (a tenant not named weighs 1; a weight is 0.01 to
+        1,000); `{}` makes every tenant weigh 1 again. Returns the queue's state. Raises
+        InvalidInput for a bad weight or tenant name (nothing is changed), Forbidden for
+        another key, QueueNotFound for a queue that has no job and no state."""
+        entries = [{"tenant": tenant, "weight": weight} for tenant, weight in weights.items()]
+        path = f"/queues/{_segment(queue)}/weights"
+        return self._call("PUT", path, QueueState, body={"weights": entries})
+
     def _call(
         self,
         method: str,

@@ -24,8 +24,9 @@ def new_job(
     delay: float = 0,
     max_attempts: int = 5,
     payload: dict[str, object] | None = None,
+    tenant: str = "default",
 ) -> JobRow:
-    """A valid job row with a fresh id."""
+    """A valid job row with a fresh id, owned by `tenant`."""
     request = SubmitJobRequest(
         task_type=task_type,
         payload=payload if payload is not None else {"n": 1},
@@ -34,7 +35,7 @@ def new_job(
         delay_seconds=delay,
         max_attempts=max_attempts,
     )
-    return job_row(request, new_job_id(), max_attempts)
+    return job_row(request, new_job_id(), max_attempts, tenant)
 
 
 async def eventually(

@@ -29,7 +29,14 @@ from services.producer.admission import Admission, payload_checks
 from services.producer.client import QueueServiceClient
 from services.producer.limits import STORE_NAME, TenantWindow, create_store, request_rate_limit
 from services.producer.metrics import ProducerMetrics
-from services.producer.routes import JobController, Producer, change_queue, redrive, set_limits
+from services.producer.routes import (
+    JobController,
+    Producer,
+    change_queue,
+    redrive,
+    set_limits,
+    set_weights,
+)
 from services.producer.settings import ProducerSettings
 
 
@@ -92,6 +99,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
             JobController,
             change_queue,
             set_limits,
+            set_weights,
             redrive,
             ready,
             live,

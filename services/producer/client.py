@@ -29,6 +29,7 @@ from common.contracts import (
     RedriveRequest,
     RedriveResponse,
     SubmitJobResponse,
+    WeightsRequest,
 )
 from common.errors import (
     Forbidden,
@@ -233,6 +234,17 @@ class QueueServiceClient:
         reply = await self._call(
             "PUT",
             f"/queues/{queue}/limits",
+            request,
+            deadline=self._timeout,
+            headers={ACTOR_HEADER: actor},
+        )
+        return decode(reply, QueueState)
+
+    async def set_weights(self, queue: str, request: WeightsRequest, actor: str) -> QueueState:
+        """`PUT /queues/{queue}/weights` on the queue service, recorded as done by `actor`."""
+        reply = await self._call(
+            "PUT",
+            f"/queues/{queue}/weights",
             request,
             deadline=self._timeout,
             headers={ACTOR_HEADER: actor},

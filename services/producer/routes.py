@@ -26,6 +26,7 @@ from common.contracts import (
     RedriveResponse,
     SubmitJobRequest,
     SubmitJobResponse,
+    WeightsRequest,
 )
 from common.errors import Forbidden, JobqError, OutcomeUnknown
 from common.ids import new_job_id
@@ -306,6 +307,31 @@ async def set_limits(
     caller = _global_admin(producer)
     check_queue_path(request, queue, "limits")
     return await producer.queue.set_limits(queue, data, caller.actor)
+
+
+@put(
+    "/queues/{queue:str}/weights",
+    status_code=200,
+    dto=StrictJSON[WeightsRequest],
+    tags=["queues"],
+    summary="Set the tenants' weights in a queue's fair share; admin of every tenant",
+    responses=problems(403, 404, 413, 415, RATE_LIMITED),
+    opt=ADMIN_ONLY,
+)
+async def set_weights(
+    request: Request[Any, Any, Any],
+    queue: QueuePath,
+    data: JSONBody[WeightsRequest],
+    producer: NamedDependency[Producer],
+) -> QueueState:
+    """Replace the tenants' weights in the queue's fair share (`{"weights": [{"tenant":
+    "acme", "weight": 3}]}`; `{"weights": []}`: every tenant weighs 1): from the next claim
+    on, on every queue-service replica, tenants with ready jobs in the queue get them in
+    proportion to their weights. Recorded with the caller's key id. 404 for a queue that has
+    no job and no state."""
+    caller = _global_admin(producer)
+    check_queue_path(request, queue, "weights")
+    return await producer.queue.set_weights(queue, data, caller.actor)
 
 
 @post(

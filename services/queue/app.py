@@ -35,7 +35,14 @@ from services.queue.depth import DepthCache
 from services.queue.metrics import QueueMetrics
 from services.queue.recurring import Recurring
 from services.queue.repository import JobRepository, create_pool
-from services.queue.routes import JobController, change_queue, queues, redrive, set_limits
+from services.queue.routes import (
+    JobController,
+    change_queue,
+    queues,
+    redrive,
+    set_limits,
+    set_weights,
+)
 from services.queue.schedules import parse_schedules
 from services.queue.service import QueueService
 from services.queue.settings import QueueSettings, plain_database_url
@@ -246,6 +253,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             queues,
             change_queue,
             set_limits,
+            set_weights,
             redrive,
             ready,
             live,

@@ -58,9 +58,10 @@ def summarise(
 def with_states(
     queues: list[QueueDepth], states: list[QueueState], source: DepthSource, at: datetime
 ) -> list[QueueDepth]:
-    """`queues` with each queue's state from `states` (paused or not, its concurrency limits);
-    a queue with a state but without jobs gets an entry of its own (zero counts, `source` and
-    `at` as the reply's), so it is never hidden. Sorted by queue name."""
+    """`queues` with each queue's state from `states` (paused or not, its concurrency limits,
+    its tenants' weights); a queue with a state but without jobs gets an entry of its own
+    (zero counts, `source` and `at` as the reply's), so it is never hidden. Sorted by queue
+    name."""
     by_queue = {state.queue: state for state in states}
     merged: list[QueueDepth] = []
     for depth in queues:
@@ -68,7 +69,7 @@ def with_states(
         if state is None:
             merged.append(
                 msgspec.structs.replace(
-                    depth, paused=False, paused_at=None, limits=[], last_change=None
+                    depth, paused=False, paused_at=None, limits=[], weights=[], last_change=None
                 )
             )
         else:
@@ -88,6 +89,7 @@ def _stated(depth: QueueDepth, state: QueueState) -> QueueDepth:
         paused=state.paused,
         paused_at=state.paused_at,
         limits=state.limits,
+        weights=state.weights,
         last_change=state.last_change,
     )
 

@@ -104,6 +104,17 @@ class Job(Base):
             "id",
             postgresql_where=text("status = 'PENDING'"),
         ),
+        # The fair claim walks each tenant's ready jobs in claim order, and finds the tenants
+        # with ready work by skipping from one to the next (docs/architecture.md#fair-shares).
+        Index(
+            "ix_job_claim_tenant",
+            "queue",
+            "tenant",
+            text("priority DESC"),
+            "ready_at",
+            "id",
+            postgresql_where=text("status = 'PENDING'"),
+        ),
         Index("ix_job_scheduler", "visible_at", postgresql_where=text("status = 'SCHEDULED'")),
         Index("ix_job_reaper", "visible_at", postgresql_where=text("status = 'PROCESSING'")),
         Index(
@@ -150,7 +161,8 @@ class QueueControl(Base):
     """A queue's run-time state, set by operators (`POST /queues/{queue}/pause|resume`,
     `PUT /queues/{queue}/limits`): paused since `paused_at` (NULL: running), its concurrency
     limits by task type (`limits`: `{"<task type>": {"concurrency": n, "tenantConcurrency":
-    m}}`, either key optional), and its last change (when, by whom, what). No row means a
+    m}}`, either key optional), its tenants' weights in the fair share (`weights`: `{"<tenant>":
+    w}`, 1 for a tenant not named), and its last change (when, by whom, what). No row means a
     queue that was never changed. The claim reads it (docs/architecture.md#flow-control).
     """
 
@@ -159,6 +171,7 @@ class QueueControl(Base):
     queue: Mapped[str] = mapped_column(String(64), primary_key=True)
     paused_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     limits: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    weights: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     changed_by: Mapped[str] = mapped_column(Text)
     change: Mapped[str] = mapped_column(Text)

@@ -45,6 +45,7 @@ from common.contracts import (
     ListedJob,
     QueueChange,
     QueueState,
+    TenantWeight,
 )
 from common.drivers import AsyncpgExecutor
 from common.enqueue import WAKEUP_CHANNEL, Existing, Inserted, JobRow
@@ -165,6 +166,10 @@ def _to_state(row: asyncpg.Record) -> QueueState:
             msgspec.convert({**bounds, "taskType": task_type}, ConcurrencyLimit)
             for task_type, bounds in sorted(row["limits"].items())
         ],
+        weights=[
+            TenantWeight(tenant=tenant, weight=weight)
+            for tenant, weight in sorted(row["weights"].items())
+        ],
         last_change=QueueChange(at=row["changed_at"], by=row["changed_by"], what=row["change"]),
     )
 
@@ -254,9 +259,10 @@ def _notify_ready(source: str) -> str:
     )
 
 
-def _claimed_cte(worker: str, visibility: str) -> str:
+def _claimed_cte(worker: str, visibility: str, flow: str = "NULL::bigint") -> str:
     """The CTE `claimed`: the jobs of CTE `picked` (`id`, `rank`) made PROCESSING for `worker`
-    with a fresh lease of `visibility` seconds (both SQL expressions, parameters)."""
+    with a fresh lease of `visibility` seconds (both SQL expressions, parameters), each with
+    its queue, tenant and `flow` (an SQL expression: the job's flow in the fair claim)."""
     return f"""claimed AS (
     UPDATE job SET status = 'PROCESSING',
                    attempts = LEAST(job.attempts, {INT_MAX} - 1) + 1,
@@ -270,42 +276,142 @@ def _claimed_cte(worker: str, visibility: str) -> str:
     WHERE job.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING job.id, job.task_type, job.payload::text AS payload_json, job.attempts,
               job.max_attempts, job.timeout_seconds, job.lease_id, job.visible_at,
-              job.idempotency_key, (SELECT rank FROM picked WHERE picked.id = job.id) AS rank
+              job.idempotency_key, (SELECT rank FROM picked WHERE picked.id = job.id) AS rank,
+              job.queue, job.tenant, {flow} AS flow
 )"""
 
 
-# The claim walks ix_job_claim once per queue asked for, in the index's own order, and merges
-# the walks: each queue's walk stops after `max` unlocked rows, so the cost is O(queues x max)
-# however long the backlog, never a sort of every waiting job. Rows locked by another claimer
-# are skipped, not waited for, so claimers never block each other and never share a row.
-# Rows a walk locked but the merge did not pick are unlocked at the end of the statement.
-# Parameters: $1 queues, $2 max, $3 worker, $4 visibility timeout (seconds). A claim that
-# began before a pause (or a limit) committed may still take that queue's jobs (its snapshot
-# predates it): such jobs have a `claimed_at` before the change's commit.
-_CLAIM_CTES = f"""
-picked AS (
-    SELECT candidate.id,
-           -- Claim order, computed here: the rows come back from the UPDATE in no order.
-           row_number() OVER (
-               ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id) AS rank
-    -- A paused queue hands out nothing: its walk is never made; the task types it limits
-    -- are left to the limited claim (_CLAIM_LIMITED). One primary-key probe of the small
-    -- queue_control table per queue asked for (docs/architecture.md#flow-control).
-    FROM (SELECT asked.queue, control.limits
-          FROM unnest($1::text[]) AS asked(queue)
-          LEFT JOIN queue_control AS control ON control.queue = asked.queue
-          WHERE control.paused_at IS NULL) AS wanted
-    CROSS JOIN LATERAL (
+def _next_tenant(flow: str, after: str, wrapped: str, cursor: str) -> str:
+    """SQL for the next tenant with PENDING jobs in `flow`'s queue in window order, by one
+    descent of ix_job_claim_tenant, as `(tenant, wrapped, priority, ready_at, id)`: the first
+    ready job of the least tenant above `after` (below or at `cursor` once `wrapped`), else,
+    not yet wrapped and with a `cursor`, of the least tenant of the queue (the window wraps
+    round). All arguments are SQL expressions."""
+    columns = "job.tenant, {wrapped} AS wrapped, job.priority, job.ready_at, job.id"
+    return f"""(SELECT found.* FROM (
+            (SELECT {columns.format(wrapped=wrapped)} FROM job
+             WHERE job.status = 'PENDING' AND job.queue = {flow}.queue AND job.tenant > {after}
+               AND (NOT {wrapped} OR job.tenant <= {cursor})
+             ORDER BY job.tenant, job.priority DESC, job.ready_at, job.id LIMIT 1)
+            UNION ALL
+            (SELECT {columns.format(wrapped="true")} FROM job
+             WHERE job.status = 'PENDING' AND job.queue = {flow}.queue
+               AND NOT {wrapped} AND {cursor} IS NOT NULL AND job.tenant <= {cursor}
+             ORDER BY job.tenant, job.priority DESC, job.ready_at, job.id LIMIT 1)
+        ) AS found LIMIT 1)"""
+
+
+# The claim shares each batch between the flows (queue, tenant) that have ready work, in
+# proportion to their weights (docs/architecture.md#fair-shares), and walks the indexes in
+# their own order throughout, so its cost is O(flows x max) however long the backlog:
+# 1. `flows`: per queue asked for (not paused; one primary-key probe of the small
+#    queue_control table), up to `max` tenants with PENDING jobs, found by a loose index scan
+#    of ix_job_claim_tenant (one descent per tenant), starting after the tenant this replica
+#    served last in the queue (the cursor, $cursors) and wrapping round, so every tenant gets
+#    its turn however many there are.
+# 2. `walked`: of each flow at most its share of `max` (ceil(max x weight / total weight),
+#    plus one) jobs in claim order (priority first, then the time each became ready), each
+#    walk cut by its LIMIT right above the index scan, rows locked by other claimers skipped.
+# 3. `fair`: the `max` jobs with the smallest keys (n - u) / weight, n the job's place in its
+#    flow's walk and u a random offset in [0, 1) per flow and claim: a flow of weight 3 gets
+#    three jobs for each one of a flow of weight 1, in expectation exactly.
+# 4. `topped`: what the shares left over (a flow with fewer ready jobs than its share) is
+#    taken in claim order over the queues' whole backlogs (ix_job_claim), so the claim is
+#    work-conserving: a tenant alone still gets the whole batch.
+# Rows a walk locked but the claim did not pick are unlocked at the end of the statement. The
+# task types a queue limits are left to the limited claim (_CLAIM_LIMITED).
+# Parameters: $1 queues, $2 max, $3 worker, $4 visibility timeout (seconds), {cursors} the
+# cursor tenant per queue (NULL: none yet), aligned with $1. A claim that began before a pause
+# (or a limit) committed may still take that queue's jobs (its snapshot predates it): such
+# jobs have a `claimed_at` before the change's commit.
+_CLAIM_CTE_TEMPLATE = """
+wanted AS (
+    SELECT asked.queue, asked.cursor_tenant, control.limits, control.weights
+    FROM unnest($1::text[], {cursors}::text[]) AS asked(queue, cursor_tenant)
+    LEFT JOIN queue_control AS control ON control.queue = asked.queue
+    WHERE control.paused_at IS NULL
+), flows AS (
+    SELECT wanted.queue, wanted.cursor_tenant, wanted.limits, wanted.weights, 1 AS n, first.*
+    FROM wanted CROSS JOIN LATERAL {first} AS first
+    UNION ALL
+    SELECT flows.queue, flows.cursor_tenant, flows.limits, flows.weights, flows.n + 1, next.*
+    FROM flows CROSS JOIN LATERAL {next} AS next
+    WHERE flows.n < $2
+), shares AS (
+    SELECT flows.queue, flows.tenant, flows.n AS flow, flows.priority, flows.ready_at,
+           flows.id, flows.limits, weighed.weight, random() AS offset_u,
+           LEAST($2, ceil($2 * weighed.weight / sum(weighed.weight) OVER ())::int + 1) AS quota
+    FROM flows CROSS JOIN LATERAL (
+        SELECT COALESCE((flows.weights ->> flows.tenant)::float8, 1) AS weight
+    ) AS weighed
+), walked AS (
+    SELECT candidate.id, candidate.tenant, shares.queue, shares.flow,
+           (candidate.nth - shares.offset_u) / shares.weight AS share_key
+    FROM shares CROSS JOIN LATERAL (
+        SELECT locked.id, locked.tenant,
+               row_number() OVER (ORDER BY locked.priority DESC, locked.ready_at, locked.id)
+                   AS nth
+        -- From the flow's first ready job on (its priority, then the lower ones), so the
+        -- walk never reads again the index entries of jobs claimed since the last vacuum
+        -- that the descent finding the flow has just read.
+        FROM (SELECT * FROM (
+                  SELECT id, tenant, priority, ready_at FROM job
+                  WHERE status = 'PENDING' AND queue = shares.queue AND tenant = shares.tenant
+                    AND priority = shares.priority
+                    AND (ready_at, id) >= (shares.ready_at, shares.id)
+                    AND (shares.limits IS NULL OR NOT shares.limits ? task_type)
+                  ORDER BY ready_at, id
+                  LIMIT shares.quota
+                  FOR UPDATE SKIP LOCKED) AS at_first_priority
+              UNION ALL
+              SELECT * FROM (
+                  SELECT id, tenant, priority, ready_at FROM job
+                  WHERE status = 'PENDING' AND queue = shares.queue AND tenant = shares.tenant
+                    AND priority < shares.priority
+                    AND (shares.limits IS NULL OR NOT shares.limits ? task_type)
+                  ORDER BY priority DESC, ready_at, id
+                  LIMIT shares.quota
+                  FOR UPDATE SKIP LOCKED) AS below_it
+              LIMIT shares.quota) AS locked
+    ) AS candidate
+), fair AS (
+    SELECT id, flow, share_key FROM walked ORDER BY share_key LIMIT $2
+), topped AS (
+    SELECT candidate.id, row_number() OVER (
+               ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id) AS nth
+    FROM wanted CROSS JOIN LATERAL (
         SELECT id, priority, ready_at FROM job
         WHERE status = 'PENDING' AND queue = wanted.queue
           AND (wanted.limits IS NULL OR NOT wanted.limits ? task_type)
+          AND id <> ALL(ARRAY(SELECT id FROM fair))
         ORDER BY priority DESC, ready_at, id
-        LIMIT $2
+        LIMIT $2 - (SELECT count(*) FROM fair)
         FOR UPDATE SKIP LOCKED
     ) AS candidate
     ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id
-    LIMIT $2
-), {_claimed_cte("$3", "$4")}"""
+    LIMIT $2 - (SELECT count(*) FROM fair)
+), picked AS (
+    -- Claim order, computed here: the rows come back from the UPDATE in no order. The flow
+    -- (its place in the window) of a fair pick moves the cursor; a top-up has none.
+    SELECT id, flow, row_number() OVER (ORDER BY grade, sort_key) AS rank
+    FROM (SELECT id, flow, 0 AS grade, share_key AS sort_key FROM fair
+          UNION ALL
+          SELECT id, NULL, 1, nth FROM topped) AS both_kinds
+), {claimed}"""
+
+
+def _claim_ctes(cursors: str) -> str:
+    """The claim's CTEs (ending with `claimed`), with `cursors` the parameter that holds the
+    cursor tenant per queue."""
+    return _CLAIM_CTE_TEMPLATE.format(
+        cursors=cursors,
+        first=_next_tenant(
+            "wanted", "COALESCE(wanted.cursor_tenant, '')", "false", "wanted.cursor_tenant"
+        ),
+        next=_next_tenant("flows", "flows.tenant", "flows.wrapped", "flows.cursor_tenant"),
+        claimed=_claimed_cte("$3", "$4", flow="(SELECT flow FROM picked WHERE picked.id = job.id)"),
+    )
+
 
 # Claims of one limited (queue, task type) take a transaction-scoped advisory lock on the pair
 # first (_LOCK_LIMIT), then count in a statement of their own: its snapshot is taken after the
@@ -380,7 +486,7 @@ entries AS (
               EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end
 )"""
 
-_CLAIM = f"WITH {_CLAIM_CTES} SELECT * FROM claimed"
+_CLAIM = f"WITH RECURSIVE {_claim_ctes('$5')} SELECT * FROM claimed"
 
 _ACK = f"WITH {_ACK_CTES.format(ids='$1', handles='$2', results='$3')} SELECT * FROM acked"
 
@@ -388,19 +494,20 @@ _ACK = f"WITH {_ACK_CTES.format(ids='$1', handles='$2', results='$3')} SELECT * 
 # flush) for both. The acked rows are PROCESSING and the claimed ones PENDING, so the two
 # updates never touch the same row.
 _ACK_AND_CLAIM = f"""
-WITH {_ACK_CTES.format(ids="$5", handles="$6", results="$7")}, {_CLAIM_CTES}
+WITH RECURSIVE {_ACK_CTES.format(ids="$5", handles="$6", results="$7")}, {_claim_ctes("$8")}
 SELECT true AS is_claim, id, task_type, payload_json, attempts, max_attempts, timeout_seconds,
-       lease_id, visible_at, idempotency_key, rank, NULL AS queue, NULL::float8 AS end_to_end
+       lease_id, visible_at, idempotency_key, rank, queue, tenant, flow,
+       NULL::float8 AS end_to_end
 FROM claimed
 UNION ALL
 SELECT false, id, task_type, NULL, attempts, NULL, NULL, NULL, NULL, NULL, NULL,
-       queue, end_to_end
+       queue, NULL, NULL, end_to_end
 FROM acked
 """
 
 _LEASES = "SELECT id, lease_id, status FROM job WHERE id = ANY($1::uuid[])"
 
-_CONTROL_COLUMNS = "queue, paused_at, limits, changed_at, changed_by, change"
+_CONTROL_COLUMNS = "queue, paused_at, limits, weights, changed_at, changed_by, change"
 
 # Pause ($2 true) or resume a queue that has jobs or was paused before; pausing a paused queue
 # keeps the time it was first paused. No row comes back for a queue nobody knows.
@@ -426,6 +533,18 @@ WHERE EXISTS (SELECT FROM job WHERE queue = $1::text)
    OR EXISTS (SELECT FROM queue_control WHERE queue = $1::text)
 ON CONFLICT (queue) DO UPDATE
     SET limits = EXCLUDED.limits, changed_at = EXCLUDED.changed_at,
+        changed_by = EXCLUDED.changed_by, change = EXCLUDED.change
+RETURNING {_CONTROL_COLUMNS}
+"""
+
+# Replace a queue's tenant weights ($2, jsonb) like _SET_LIMITS its limits.
+_SET_WEIGHTS = f"""
+INSERT INTO queue_control AS control (queue, weights, changed_at, changed_by, change)
+SELECT $1::text, $2::jsonb, statement_timestamp(), $3::text, 'weights'
+WHERE EXISTS (SELECT FROM job WHERE queue = $1::text)
+   OR EXISTS (SELECT FROM queue_control WHERE queue = $1::text)
+ON CONFLICT (queue) DO UPDATE
+    SET weights = EXCLUDED.weights, changed_at = EXCLUDED.changed_at,
         changed_by = EXCLUDED.changed_by, change = EXCLUDED.change
 RETURNING {_CONTROL_COLUMNS}
 """
@@ -932,7 +1051,7 @@ def _json_or_null(value: Any) -> str | None:
 
 
 def _claimed(rows: list[asyncpg.Record], visibility_timeout: int) -> list[Claimed]:
-    """Claimed jobs from claim rows, in claim order (priority, ready time, id)."""
+    """Claimed jobs from claim rows, in claim order (their `rank`)."""
     rows.sort(key=lambda r: r["rank"])
     return [
         Claimed(
@@ -966,6 +1085,10 @@ def _completed(rows: list[asyncpg.Record]) -> list[Settled]:
     ]
 
 
+_CURSORS_KEPT = 10_000
+"""Queues whose fair-claim cursor a replica keeps; past it they all start again."""
+
+
 class JobRepository:
     """PostgreSQL access for jobs, over an asyncpg pool (see `create_pool`).
 
@@ -986,6 +1109,25 @@ class JobRepository:
         self._refusals = RepeatedEvents()
         self._deadline: float | None = None
         self._scopes: set[asyncio.Timeout] = set()
+        self._cursors: dict[str, str] = {}
+
+    def _cursors_of(self, queues: Sequence[str]) -> list[str | None]:
+        """The fair claim's cursor per queue of `queues`: the tenant this replica served last
+        in the queue's window (its claims start after it), None before the first claim."""
+        return [self._cursors.get(queue) for queue in queues]
+
+    def _move_cursors(self, rows: Sequence[asyncpg.Record]) -> None:
+        """Move each queue's cursor to the tenant of the last flow (in window order) that the
+        claim's fair share served, so the next claim's window starts after it."""
+        last: dict[str, tuple[int, str]] = {}
+        for row in rows:
+            flow = row["flow"]
+            if flow is not None and flow >= last.get(row["queue"], (0, ""))[0]:
+                last[row["queue"]] = (flow, row["tenant"])
+        if len(self._cursors) + len(last) > _CURSORS_KEPT:
+            self._cursors.clear()  # bounded: asked-for queue names come from workers
+        for queue, (_, tenant) in last.items():
+            self._cursors[queue] = tenant
 
     def stop_waiting_at(self, when: float) -> None:
         """Shutdown: every database operation, in flight or to come, ends by event-loop time
@@ -1113,14 +1255,21 @@ class JobRepository:
     async def claim(
         self, queues: Sequence[str], worker: str, max_jobs: int, visibility_timeout: int
     ) -> list[Claimed]:
-        """Claim up to `max_jobs` PENDING jobs from `queues` in one statement.
+        """Claim up to `max_jobs` PENDING jobs from `queues` in one statement, shared between
+        the flows (queue, tenant) with ready jobs in proportion to their weights
+        (`queue_control.weights`, 1 for a tenant not named) and topped up in claim order when
+        a flow has fewer than its share (docs/architecture.md#fair-shares).
 
         Each claimed job becomes PROCESSING with `attempts + 1`, a new receipt handle and a
         lease ending `visibility_timeout` seconds from now (database time). Returns them in
-        claim order: priority descending, then the time each became ready, then id.
+        claim order: the fair picks first (within a flow: priority descending, then the time
+        each became ready, then id), then the top-ups in that order.
         """
         names = list(dict.fromkeys(queues))
-        rows = await self._fetch(_CLAIM, names, max_jobs, worker, visibility_timeout)
+        rows = await self._fetch(
+            _CLAIM, names, max_jobs, worker, visibility_timeout, self._cursors_of(names)
+        )
+        self._move_cursors(rows)
         return _claimed(rows, visibility_timeout)
 
     async def claim_limited(
@@ -1173,8 +1322,10 @@ class JobRepository:
             [entry[0] for entry in entries],
             [entry[1] for entry in entries],
             [_json_or_null(entry[2]) for entry in entries],
+            self._cursors_of(names),
         )
         claimed = [row for row in rows if row["is_claim"]]
+        self._move_cursors(claimed)
         acked = [row for row in rows if not row["is_claim"]]
         return _claimed(claimed, visibility_timeout), _completed(acked)
 
@@ -1404,8 +1555,19 @@ ORDER BY id DESC"""
                 await conn.execute(_WAKE_ALL, queue)
         return None if row is None else _to_state(row)
 
+    async def set_weights(
+        self, queue: str, weights: Sequence[TenantWeight], actor: str
+    ) -> QueueState | None:
+        """Replace `queue`'s tenant weights with `weights` (empty: every tenant weighs 1),
+        recording `actor` as who did it. Stored as one jsonb object keyed by tenant, which the
+        claim reads (`->>`) for each tenant it serves. Returns the queue's state after the
+        change; None, changing nothing, for a queue that has no job and no state."""
+        stored = {entry.tenant: entry.weight for entry in weights}
+        row = await self._fetchrow(_SET_WEIGHTS, queue, stored, actor)
+        return None if row is None else _to_state(row)
+
     async def queue_states(self) -> list[QueueState]:
-        """The state of every queue that was ever paused or limited, by name."""
+        """The state of every queue that was ever paused, limited or weighed, by name."""
         return [_to_state(row) for row in await self._fetch(_CONTROLS)]
 
     async def limit_readings(self) -> list[LimitReading]:

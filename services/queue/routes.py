@@ -50,6 +50,7 @@ from common.contracts import (
     RedriveRequest,
     RedriveResponse,
     SubmitJobResponse,
+    WeightsRequest,
 )
 from common.errors import JobqError
 from common.web.app import problems
@@ -452,6 +453,29 @@ async def set_limits(
     return await service.set_limits(queue, data.limits, actor_of(actor))
 
 
+@put(
+    "/queues/{queue:str}/weights",
+    status_code=200,
+    dto=StrictJSON[WeightsRequest],
+    tags=["queues"],
+    summary="Set the tenants' weights in a queue's fair share",
+    responses=problems(404, 413, 415),
+)
+async def set_weights(
+    request: Request[Any, Any, Any],
+    queue: QueuePath,
+    data: JSONBody[WeightsRequest],
+    service: NamedDependency[QueueService],
+    actor: Actor = None,
+) -> QueueState:
+    """Replace the tenants' weights in the queue's fair share (`{"weights": [{"tenant":
+    "acme", "weight": 3}]}`; `{"weights": []}`: every tenant weighs 1): from the next claim
+    on, on every replica, tenants with ready jobs get them in proportion to their weights.
+    404 for a queue that has no job and no state."""
+    check_queue_path(request, queue, "weights")
+    return await service.set_weights(queue, data.weights, actor_of(actor))
+
+
 @get("/queues", tags=["queues"], summary="Queue depth", responses=problems())
 async def queues(
     service: NamedDependency[QueueService], depth_cache: NamedDependency[DepthCache]
@@ -462,4 +486,4 @@ async def queues(
     return await service.queue_depth(depth_cache)
 
 
-__all__ = ["JobController", "change_queue", "queues", "redrive", "set_limits"]
+__all__ = ["JobController", "change_queue", "queues", "redrive", "set_limits", "set_weights"]

@@ -45,6 +45,7 @@ from common.contracts import (
     ListView,
     QueuesResponse,
     QueueState,
+    TenantWeight,
 )
 from common.enqueue import JobRow, Submitted, insert_jobs, job_row
 from common.errors import (
@@ -645,6 +646,25 @@ class QueueService:
             actor,
             msgspec.json.encode(limits).decode(),
             extra={"event": "queue_limits", "queue": queue},
+        )
+        return state
+
+    async def set_weights(
+        self, queue: str, weights: Sequence[TenantWeight], actor: str
+    ) -> QueueState:
+        """Replace `queue`'s tenant weights in the fair share with `weights` (empty: every
+        tenant weighs 1), as `actor`; the claim statements of every replica read them from
+        the next claim on. Raises QueueNotFound for a queue that has no job and no state,
+        ServiceUnavailable when the database is."""
+        state = await self._repository.set_weights(queue, weights, actor)
+        if state is None:
+            raise QueueNotFound(f"queue {queue!r} has no job and was never changed; check its name")
+        logger.warning(
+            "queue %s weights set by %s: %s",
+            queue,
+            actor,
+            msgspec.json.encode(weights).decode(),
+            extra={"event": "queue_weights", "queue": queue},
         )
         return state
 

@@ -73,20 +73,22 @@ async def test_delayed_job_is_not_claimable_until_promoted(repository: JobReposi
     assert await repository.promote_due() == {}
 
 
-async def _fill(connection: asyncpg.Connection) -> None:
+async def _fill(connection: asyncpg.Connection, tenants: int = 1) -> None:
     """A table shaped like a busy queue's: backlogs of 10,000 ready and 10,000 scheduled jobs
-    (and small ones in two other queues), jobs in flight, dead letters and finished jobs;
-    statistics fresh."""
+    (and small ones in two other queues), jobs in flight, dead letters and finished jobs, of
+    `tenants` tenants; statistics fresh."""
     for queue in ("a", "b"):
         rows = [new_job(queue=queue) for _ in range(50)]
         await connection.fetch(ENQUEUE_ASYNCPG, encode_rows(rows))
     await connection.execute(
-        "INSERT INTO job (id, queue, task_type, payload, status, max_attempts, visible_at,"
-        " finished_at, lease_id) SELECT gen_random_uuid(), 'default', 'noop', '{}', s, 5,"
-        " now(), now(), gen_random_uuid() FROM generate_series(1, 40000) AS i,"
+        "INSERT INTO job (id, tenant, queue, task_type, payload, status, max_attempts,"
+        " visible_at, finished_at, lease_id) SELECT gen_random_uuid(), 't' || (i % $1),"
+        " 'default', 'noop', '{}', s, 5, now(), now(), gen_random_uuid()"
+        " FROM generate_series(1, 40000) AS i,"
         " LATERAL (SELECT CASE WHEN i % 4 = 0 THEN 'PENDING' WHEN i % 4 = 1 THEN 'SCHEDULED'"
         " WHEN i % 100 = 2 THEN 'PROCESSING' WHEN i % 100 = 6 THEN 'DEAD_LETTER'"
-        " ELSE 'COMPLETED' END AS s) AS pick"
+        " ELSE 'COMPLETED' END AS s) AS pick",
+        tenants,
     )
     await connection.execute("ANALYZE job")
 
@@ -108,27 +110,41 @@ CLAIM_ARGS = "'{{{queues}}}', 16, 'w', 30"
 SETTLE_ARRAYS = "ARRAY[gen_random_uuid()], ARRAY[gen_random_uuid()]"
 
 
-@pytest.mark.parametrize("queues", ["default", "default,a,b"])
-async def test_the_claim_is_an_ordered_index_walk_for_one_queue_and_for_several(
-    clean_database: str, queues: str
+@pytest.mark.parametrize(
+    ("queues", "tenants", "cursor"),
+    [("default", 1, "NULL"), ("default,a,b", 1, "NULL"), ("default", 200, "'t7'")],
+)
+async def test_the_claim_is_an_ordered_index_walk_per_flow_for_any_number_of_tenants(
+    clean_database: str, queues: str, tenants: int, cursor: str
 ) -> None:
     connection = await asyncpg.connect(clean_database)
+    cursors = "ARRAY[" + ", ".join([cursor] * len(queues.split(","))) + "]::text[]"
     try:
-        await _fill(connection)
-        claim = await _generic_plan(connection, CLAIM_STATEMENT, CLAIM_ARGS.format(queues=queues))
+        await _fill(connection, tenants)
+        claim = await _generic_plan(
+            connection, CLAIM_STATEMENT, CLAIM_ARGS.format(queues=queues) + f", {cursors}"
+        )
         with_acks = await _generic_plan(
             connection,
             ACK_AND_CLAIM_STATEMENT,
-            CLAIM_ARGS.format(queues=queues) + f", {SETTLE_ARRAYS}, ARRAY[NULL::text]",
+            CLAIM_ARGS.format(queues=queues) + f", {SETTLE_ARRAYS}, ARRAY[NULL::text], {cursors}",
         )
     finally:
         await connection.close()
     for plan in (claim, with_acks):
-        assert "Index Scan using ix_job_claim" in plan, plan
-        # Each queue's walk is cut by its own LIMIT right above the index scan (no sort of
-        # the backlog), and no row is found by scanning the table.
-        walk = plan[plan.index("LockRows") :]
-        assert "Sort" not in walk.split("Index Scan using ix_job_claim")[0], plan
+        lines = plan.splitlines()
+        # The tenants with ready work are found by descents of the per-tenant index (a loose
+        # index scan), never by reading every ready job.
+        assert "Recursive Union" in plan, plan
+        assert "Index Only Scan using ix_job_claim_tenant" in plan, plan
+        # Each flow's walk and the top-up walk lock rows as an index scan hands them over, cut
+        # by their LIMITs right above it (no sort of a backlog).
+        locks = [i for i, line in enumerate(lines) if "LockRows" in line]
+        assert len(locks) == 3, plan  # a flow's first priority, the ones below, the top-up
+        for i in locks:
+            assert "Index Scan using ix_job_claim" in lines[i + 1], plan
+        assert any("using ix_job_claim_tenant" in lines[i + 1] for i in locks), plan
+        assert any("using ix_job_claim on" in lines[i + 1] for i in locks), plan
         # No job row is found by scanning the table. queue_control has a row per queue ever
         # paused (a handful), which the planner may read whole for the pause filter.
         assert "Seq Scan on job" not in plan, plan
