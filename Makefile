@@ -155,10 +155,11 @@ bench-quick: install ## Benchmark suite at smoke-test size (no peers, one round;
 	$(BIN)/python -m benchmark --preset quick
 
 BEFORE ?=
+COMPARE_ARGS ?=
 .PHONY: bench-compare
-bench-compare: install ## Burn-down and submits of BEFORE=<rev> and this checkout, alternating rounds, side by side
-	@test -n "$(BEFORE)" || { echo "usage: make bench-compare BEFORE=<commit>"; exit 2; }
-	$(BIN)/python -m benchmark.compare --before $(BEFORE)
+bench-compare: install ## Burn-down and submits of BEFORE=<rev> and this checkout side by side (COMPARE_ARGS="--tenants 20", "--limit-other")
+	@test -n "$(BEFORE)" || { echo "usage: make bench-compare BEFORE=<commit> [COMPARE_ARGS=...]"; exit 2; }
+	$(BIN)/python -m benchmark.compare --before $(BEFORE) $(COMPARE_ARGS)
 
 .PHONY: clean
 clean: ## Remove the virtual environment and caches

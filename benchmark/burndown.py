@@ -80,10 +80,20 @@ async def prepare_backlog(
     jobs: int,
     task_type: str = "noop",
     payload: dict[str, Any] | None = None,
+    tenants: int = 1,
 ) -> None:
-    """Empty the job table, insert `jobs` jobs, VACUUM ANALYZE."""
+    """Empty the job table, insert `jobs` jobs, VACUUM ANALYZE. With `tenants` > 1 the jobs
+    belong to tenants `tenant-00`, `tenant-01`, … in turn (by insertion order), so every
+    tenant has a backlog of the same size all through the burn-down."""
     await connection.execute("TRUNCATE job")
     await database.insert_jobs(connection, jobs, task_type, payload)
+    if tenants > 1:
+        await connection.execute(
+            "UPDATE job SET tenant = 'tenant-' || lpad((numbered.n % $1)::text, 2, '0')"
+            " FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM job) AS numbered"
+            " WHERE job.id = numbered.id",
+            tenants,
+        )
     await connection.execute("VACUUM ANALYZE job")
 
 
@@ -94,13 +104,15 @@ async def burn_once(
     shape: Shape,
     jobs: int,
     within: float,
+    tenants: int = 1,
 ) -> dict[str, Any]:
-    """One burn-down of `jobs` noop jobs by `shape` on a running queue-service-only `stack`
-    (its workers are started here and stopped after). Returns `{shape, jobs, seconds,
+    """One burn-down of `jobs` noop jobs (of `tenants` tenants, see `prepare_backlog`) by
+    `shape` on a running queue-service-only `stack` (its workers are started here and
+    stopped after). Returns `{shape, jobs, seconds,
     jobs_per_s, cpu_us_per_job, steal_seconds, usage, verified}`; `steal_seconds` is the CPU
     time the hypervisor gave other guests during the burn (`machine.steal_seconds`)."""
     label = f"burn-down {shape.label}"
-    await prepare_backlog(connection, jobs)
+    await prepare_backlog(connection, jobs, tenants=tenants)
     indexes = range(shape.replicas)
     gate = await asyncpg.connect(stack.database_url)
     try:

@@ -8,7 +8,10 @@ another day (the host's speed moves between runs; see benchmark/README.md). Per 
 
 - a burn-down of `--jobs` pre-inserted `noop` jobs by the default shape (2 x 32), jobs/s and
   CPU per job across every process (`benchmark.burndown.burn_once`), after a `CHECKPOINT`, so
-  a checkpoint owed to the previous side's writes does not land in this side's window;
+  a checkpoint owed to the previous side's writes does not land in this side's window; with
+  `--tenants N` the backlog belongs to N tenants in turn (what fair shares cost), with
+  `--limit-other` the queue limits a task type it has no job of (what a limit costs the
+  others; a revision without limits runs without);
 - open-loop single submits through the producer (k6) at each of `--rates`, p50/p95 and CPU
   per request by process (`benchmark.ingest.run_step`).
 
@@ -67,7 +70,9 @@ def checkout(revision: str) -> Path:
     return path
 
 
-async def _burn(ctx: Context, side: str, root: Path, jobs: int) -> dict[str, Any]:
+async def _burn(
+    ctx: Context, side: str, root: Path, jobs: int, tenants: int, limit_other: bool
+) -> dict[str, Any]:
     url = await ctx.database(f"compare_burn_{side}", root=root)
     stack = LocalStack(
         url, ctx.redis_url, ctx.logs / f"burn-{side}", workers=DEFAULT_SHAPE.replicas,
@@ -76,13 +81,35 @@ async def _burn(ctx: Context, side: str, root: Path, jobs: int) -> dict[str, Any
     await stack.start(workers=0)
     connection = await asyncpg.connect(url)
     try:
+        limited = await _limit_other_task_type(connection) if limit_other else None
         await _quiet_database(connection)
-        result = await burndown.burn_once(ctx, stack, connection, DEFAULT_SHAPE, jobs, 600)
+        result = await burndown.burn_once(
+            ctx, stack, connection, DEFAULT_SHAPE, jobs, 600, tenants=tenants
+        )
+        if limited is not None:
+            result["other_task_type_limited"] = limited
         result["jobs_per_claim"] = await _jobs_per_claim(stack.queue)
         return result
     finally:
         await connection.close()
         stack.stop()
+
+
+async def _limit_other_task_type(connection: asyncpg.Connection) -> bool:
+    """Give queue `default` a concurrency limit on a task type it has no job of (`other`), so
+    the burn-down measures what a limit costs the task types it does not limit. False, with
+    nothing done, on a revision without concurrency limits (no `queue_control.limits`)."""
+    known = await connection.fetchval(
+        "SELECT EXISTS (SELECT FROM information_schema.columns"
+        " WHERE table_name = 'queue_control' AND column_name = 'limits')"
+    )
+    if known:
+        await connection.execute(
+            "INSERT INTO queue_control (queue, limits, changed_by, change)"
+            " VALUES ('default', '{\"other\": {\"concurrency\": 10}}', 'bench-compare', 'limits')"
+            " ON CONFLICT (queue) DO UPDATE SET limits = EXCLUDED.limits"
+        )
+    return bool(known)
 
 
 async def _quiet_database(connection: asyncpg.Connection) -> None:
@@ -185,7 +212,13 @@ def _summary(rounds: list[dict[str, Any]], rates: list[int]) -> dict[str, Any]:
 
 
 async def compare(
-    revision: str, rounds: int, jobs: int, rates: list[int], seconds: int
+    revision: str,
+    rounds: int,
+    jobs: int,
+    rates: list[int],
+    seconds: int,
+    tenants: int = 1,
+    limit_other: bool = False,
 ) -> dict[str, Any]:
     """Run the alternating rounds; the result document (see the module docstring)."""
     roots = {"before": checkout(revision), "after": ROOT}
@@ -203,7 +236,7 @@ async def compare(
             for side in order:
                 progress.phase(f"round {round_ + 1}/{rounds}: {side}")
                 entry[side] = {
-                    "burn": await _burn(ctx, side, roots[side], jobs),
+                    "burn": await _burn(ctx, side, roots[side], jobs, tenants, limit_other),
                     "ingest": await _ingest(ctx, side, roots[side], rates, seconds),
                 }
             results.append(entry)
@@ -221,7 +254,14 @@ async def compare(
         "after": _head(),
         "started": started.isoformat(timespec="seconds"),
         "load_average": {"start": load_start, "end": load_average()},
-        "settings": {"rounds": rounds, "jobs": jobs, "rates": rates, "seconds": seconds},
+        "settings": {
+            "rounds": rounds,
+            "jobs": jobs,
+            "rates": rates,
+            "seconds": seconds,
+            "tenants": tenants,
+            "limit_other": limit_other,
+        },
         "rounds": results,
         "summary": _summary(results, rates),
     }
@@ -272,9 +312,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=50_000, help="burn-down backlog")
     parser.add_argument("--rates", default="500,800", help="submits per second, comma-separated")
     parser.add_argument("--seconds", type=int, default=10, help="per ingest step")
+    parser.add_argument(
+        "--tenants", type=int, default=1, help="tenants sharing the burn-down's backlog evenly"
+    )
+    parser.add_argument(
+        "--limit-other",
+        action="store_true",
+        help="a concurrency limit on a task type the burn-down has no job of (where known)",
+    )
     args = parser.parse_args(argv)
+    if not 1 <= args.tenants <= 100:
+        parser.error("--tenants must be 1 to 100")
     rates = [int(rate) for rate in args.rates.split(",")]
-    document = asyncio.run(compare(args.before, args.rounds, args.jobs, rates, args.seconds))
+    document = asyncio.run(
+        compare(
+            args.before,
+            args.rounds,
+            args.jobs,
+            rates,
+            args.seconds,
+            args.tenants,
+            args.limit_other,
+        )
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"compare-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     path.write_text(json.dumps(document, indent=1) + "\n")
