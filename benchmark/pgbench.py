@@ -25,8 +25,6 @@ from benchmark.burndown import prepare_backlog
 from benchmark.context import Context
 from services.queue import repository
 
-_CLAIMED = "SELECT * FROM claimed"
-
 
 def pgbench_binary() -> str:
     """pgbench from PATH, else the newest `/usr/lib/postgresql/<v>/bin/pgbench` (Debian's
@@ -44,22 +42,15 @@ def pgbench_binary() -> str:
 
 
 def script(batch: int) -> str:
-    """The pgbench script: claim `batch` jobs of queue `default`, then acknowledge them.
-    RuntimeError when the claim statement no longer ends in `SELECT * FROM claimed`, the shape
-    this builder relies on."""
-    head, found, tail = repository.CLAIM_STATEMENT.rpartition(_CLAIMED)
-    if not found or tail.strip():
-        raise RuntimeError("CLAIM_STATEMENT changed shape; update benchmark/pgbench.py")
+    """The pgbench script: claim `batch` jobs of queue `default` (the claim statement's CTEs,
+    its probe of other tenants included), then acknowledge them."""
     claim = (
-        f"{head}SELECT coalesce(array_agg(id), '{{}}') AS ids,"
-        " coalesce(array_agg(lease_id), '{}') AS leases FROM claimed"
+        f"WITH {repository.CLAIM_CTES} SELECT coalesce(array_agg(id), '{{}}') AS ids,"
+        " coalesce(array_agg(lease_id), '{}') AS leases,"
+        " (SELECT bool_or(shared) FROM probe) AS shared FROM claimed"
     )
-    # No fair-share cursor ($5): each transaction starts its window at the first tenant.
-    literals = {
-        "$1": "'{default}'", "$2": str(batch), "$3": "'pgbench'", "$4": "30",
-        "$5": "ARRAY[NULL]::text[]",
-    }  # fmt: skip
-    claim = re.sub(r"\$[1-5]\b", lambda m: literals[m.group(0)], claim)
+    literals = {"$1": "'{default}'", "$2": str(batch), "$3": "'pgbench'", "$4": "30"}
+    claim = re.sub(r"\$[1-4]\b", lambda m: literals[m.group(0)], claim)
     results = "array_fill(NULL::text, ARRAY[cardinality(:ids::uuid[])])"
     acked = {"$1": ":ids", "$2": ":leases", "$3": results}
     ack = re.sub(r"\$[1-3]\b", lambda m: acked[m.group(0)], repository.ACK_STATEMENT)

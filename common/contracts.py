@@ -8,6 +8,7 @@ the client library. Structs that arrive over HTTP forbid unknown fields, so a ty
 from __future__ import annotations
 
 import enum
+import math
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -491,28 +492,53 @@ LIMITED_TASK_TYPES_MAX = 100
 """Task types one queue may limit."""
 
 Concurrency = Annotated[int, Meta(ge=1, le=CONCURRENCY_MAX)]
+RATE_MIN, RATE_MAX = 0.01, 100_000.0
+"""The range of a dispatch rate (jobs handed out per second)."""
+Rate = Annotated[float, Meta(ge=RATE_MIN, le=RATE_MAX)]
+Burst = Annotated[int, Meta(ge=1, le=CONCURRENCY_MAX)]
 
 
 class ConcurrencyLimit(_Wire):
-    """How many jobs of task type `taskType` of a queue may run (be PROCESSING) at once,
-    across every worker and queue-service replica: at most `concurrency` in all, and at most
-    `tenantConcurrency` of any one tenant. Either may be omitted (no bound of that kind), not
-    both; `tenantConcurrency` is at most `concurrency`. A limit of 0 is no limit: pause the
-    queue instead (`POST /queues/{queue}/pause`)."""
+    """How many jobs of task type `taskType` of a queue may run (be PROCESSING) at once, and
+    how fast they may be handed out, across every worker and queue-service replica:
+
+    - `concurrency`: at most this many running in all; `tenantConcurrency`: of any one tenant;
+    - `rate`: at most this many handed out per second (a token bucket of `burst` tokens,
+      default the rate rounded up: a quiet pair may hand out `burst` jobs at once, then `rate`
+      per second); `tenantRate` / `tenantBurst`: the same for each tenant's jobs.
+
+    Any of the bounds may be omitted, not all; `tenantConcurrency` is at most `concurrency`
+    and a burst needs its rate. A limit of 0 is no limit: pause the queue instead
+    (`POST /queues/{queue}/pause`)."""
 
     task_type: Name
     concurrency: Concurrency | None = None
     tenant_concurrency: Concurrency | None = None
+    rate: Rate | None = None
+    burst: Burst | None = None
+    tenant_rate: Rate | None = None
+    tenant_burst: Burst | None = None
 
     def __post_init__(self) -> None:
-        if self.concurrency is None and self.tenant_concurrency is None:
-            raise ValueError("a limit needs `concurrency`, `tenantConcurrency` or both")
+        bounds = (self.concurrency, self.tenant_concurrency, self.rate, self.tenant_rate)
+        if all(bound is None for bound in bounds):
+            raise ValueError(
+                "a limit needs `concurrency`, `tenantConcurrency`, `rate` or `tenantRate`"
+            )
         if (
             self.concurrency is not None
             and self.tenant_concurrency is not None
             and self.tenant_concurrency > self.concurrency
         ):
             raise ValueError("`tenantConcurrency` cannot exceed `concurrency`")
+        if self.burst is not None and self.rate is None:
+            raise ValueError("`burst` needs `rate`")
+        if self.tenant_burst is not None and self.tenant_rate is None:
+            raise ValueError("`tenantBurst` needs `tenantRate`")
+        if self.rate is not None and self.burst is None:
+            self.burst = max(1, math.ceil(self.rate))
+        if self.tenant_rate is not None and self.tenant_burst is None:
+            self.tenant_burst = max(1, math.ceil(self.tenant_rate))
 
 
 class LimitsRequest(_Wire):

@@ -325,7 +325,8 @@ async def exercise(stack: LocalStack, jobs: int = 40) -> None:
     (busy worker slots), webhooks to a port nothing listens on with `maxAttempts` 2 (retries,
     then dead letters), a 422 and a 404 (producer 4xx), and by hand on the queue service, on a
     queue no worker serves, one lease left to expire (the reaper's expiry), one released
-    with a heartbeat of 0 and a concurrency limit set. Raises httpx.HTTPStatusError when a
+    with a heartbeat of 0 and a concurrency limit set, and on another a rate limit that holds
+    back the second of two claims. Raises httpx.HTTPStatusError when a
     service answers unexpectedly.
     """
     closed = free_port()
@@ -370,3 +371,26 @@ async def exercise(stack: LocalStack, jobs: int = 40) -> None:
             json={"limits": [{"taskType": "noop", "concurrency": 5, "tenantConcurrency": 2}]},
         )
         limited.raise_for_status()
+        # A rate limit that holds its second job back, so the tokens gauge and the held-back
+        # counter have series (a queue no worker serves: its jobs wait for these claims).
+        throttled = await queue.put(
+            "/queues/throttled/limits",
+            json={"limits": [{"taskType": "noop", "rate": 0.01, "burst": 1}]},
+        )
+        if throttled.status_code == 404:  # the queue has no job yet
+            for _ in range(2):
+                created = await queue.post(
+                    "/jobs", json={"taskType": "noop", "queue": "throttled", "payload": {}}
+                )
+                created.raise_for_status()
+            throttled = await queue.put(
+                "/queues/throttled/limits",
+                json={"limits": [{"taskType": "noop", "rate": 0.01, "burst": 1}]},
+            )
+        throttled.raise_for_status()
+        for _ in range(2):
+            claim = await queue.post(
+                "/jobs/next",
+                json={"worker": "observer", "queues": ["throttled"], "max": 1, "waitSeconds": 0},
+            )
+            claim.raise_for_status()

@@ -79,6 +79,17 @@ def _segment(name: str) -> str:
     return urllib.parse.quote(name, safe="")
 
 
+_LIMIT_BOUNDS = {
+    "concurrency": "concurrency",
+    "tenant_concurrency": "tenantConcurrency",
+    "rate": "rate",
+    "burst": "burst",
+    "tenant_rate": "tenantRate",
+    "tenant_burst": "tenantBurst",
+}
+"""`Client.set_limits` bound names and their wire names."""
+
+
 class Client:
     """Talk to a jobq producer: `Client("http://127.0.0.1:8080", api_key=…)`.
 
@@ -227,26 +238,26 @@ class Client:
         """Resume a paused `queue` (an admin key of tenant `*`); returns its state."""
         return self._call("POST", f"/queues/{_segment(queue)}/resume", QueueState)
 
-    def set_limits(self, queue: str, limits: Mapping[str, Mapping[str, int]]) -> QueueState:
-        """Replace `queue`'s concurrency limits (an admin key of tenant `*`), by task type:
-        `{"webhook": {"concurrency": 20, "tenant_concurrency": 3}}` lets at most 20 `webhook`
-        jobs run at once across every worker, and at most 3 of one tenant (either bound may
-        be left out, not both); `{}` removes every limit. Returns the queue's state. Raises
-        InvalidInput for a bad limit or a key other than those two (nothing is changed),
-        Forbidden for another key, QueueNotFound for a queue that has no job and no state."""
+    def set_limits(self, queue: str, limits: Mapping[str, Mapping[str, float]]) -> QueueState:
+        """Replace `queue`'s limits (an admin key of tenant `*`), by task type:
+        `{"webhook": {"concurrency": 20, "tenant_concurrency": 3, "rate": 50, "burst": 10}}`
+        lets at most 20 `webhook` jobs run at once across every worker, at most 3 of one
+        tenant, and hands out at most 50 a second (10 at once after a quiet spell);
+        `tenant_rate` and `tenant_burst` bound each tenant's the same way. Any bound may be
+        left out, not all; `{}` removes every limit. Returns the queue's state. Raises
+        InvalidInput for a bad limit or an unknown bound (nothing is changed), Forbidden for
+        another key, QueueNotFound for a queue that has no job and no state."""
         entries: list[dict[str, Any]] = []
         for task_type, bounds in limits.items():
-            unknown = set(bounds) - {"concurrency", "tenant_concurrency"}
+            unknown = set(bounds) - set(_LIMIT_BOUNDS)
             if unknown:
                 raise InvalidInput(
                     f"unknown limit {sorted(unknown)[0]!r} for {task_type!r}",
                     errors=[{"pointer": f"/limits/{len(entries)}", "detail": "unknown bound"}],
                 )
             entry: dict[str, Any] = {"taskType": task_type}
-            if "concurrency" in bounds:
-                entry["concurrency"] = bounds["concurrency"]
-            if "tenant_concurrency" in bounds:
-                entry["tenantConcurrency"] = bounds["tenant_concurrency"]
+            for name, value in bounds.items():
+                entry[_LIMIT_BOUNDS[name]] = value
             entries.append(entry)
         path = f"/queues/{_segment(queue)}/limits"
         return self._call("PUT", path, QueueState, body={"limits": entries})

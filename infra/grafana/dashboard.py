@@ -434,6 +434,40 @@ def _workers(board: dashboard.Dashboard) -> None:
             " the limit for long with jobs waiting fires JobqConcurrencyLimitHoldsJobsBack.",
         )
     )
+    board.with_panel(
+        graph(
+            "Jobs handed out by tenant",
+            "ops",
+            [
+                Query(
+                    f"sum by (tenant) (rate(jobq_claimed_total{{{QUEUE}}}{RATE}))",
+                    "{{tenant}}",
+                )
+            ],
+            "Jobs per second handed out to workers, by the tenant that owns them: each"
+            " tenant's share of the claims (PUT /queues/{queue}/weights sets the proportions).",
+        )
+    )
+    board.with_panel(
+        graph(
+            "Rate limits and claims held back",
+            "short",
+            [
+                Query(
+                    f"max by (queue, task_type) (jobq_rate_limit_tokens{{{QUEUE}}})",
+                    "tokens {{queue}}/{{task_type}}",
+                ),
+                Query(
+                    "sum by (queue, task_type, reason)"
+                    f" (rate(jobq_claims_held_back_total{{{QUEUE}}}{RATE}))",
+                    "held back/s {{queue}}/{{task_type}} by {{reason}}",
+                ),
+            ],
+            "Tokens in each rate-limited (queue, task type)'s bucket (jobs it may hand out at"
+            " once), and claims per second that a limit held back, by the bound: concurrency,"
+            " rate, tenant or lock.",
+        )
+    )
 
 
 def _postgres(board: dashboard.Dashboard) -> None:

@@ -140,7 +140,8 @@ async def refresh_depth(
     repository: JobRepository, cache: DepthCache, metrics: QueueMetrics
 ) -> None:
     """Read depth, the queues' pause states and their limits' slots in use from PostgreSQL,
-    publish them as gauges and cache depth and states in Redis; then read the database's
+    publish them as gauges (and the jobs handed out by tenant since the last refresh as a
+    counter) and cache depth and states in Redis; then read the database's
     health (one cheap statement) and publish it too. The freshness gauges record
     when the depth read and the cache write last succeeded (the staleness alerts read them)."""
     rows = await repository.depth()
@@ -151,6 +152,7 @@ async def refresh_depth(
         metrics.observe_limits(await repository.limit_readings())
     else:
         metrics.observe_limits([])
+    metrics.count_claimed(repository.take_claimed_by_tenant())
     metrics.depth_refreshed.set_to_current_time()
     if await cache.store(rows, states) and metrics.depth_cache_written is not None:
         metrics.depth_cache_written.set_to_current_time()

@@ -66,6 +66,13 @@ class QueueMetrics:
             ["queue", "task_type", "tenant"],
             registry=registry,
         )
+        self.claimed = Counter(
+            "jobq_claimed",
+            "Jobs handed out to workers, by the tenant that owns them (counted with each depth "
+            "refresh): each tenant's share of the claims (docs/architecture.md#fair-shares).",
+            ["queue", "tenant"],
+            registry=registry,
+        )
         self.processed = Counter(
             "jobq_processed",
             "Settled attempts by outcome (success|retry|dead_letter|cancelled).",
@@ -109,7 +116,25 @@ class QueueMetrics:
             ["queue", "task_type"],
             registry=registry,
         )
+        self.rate_tokens = Gauge(
+            "jobq_rate_limit_tokens",
+            "Tokens in the bucket of a rate-limited (queue, task type) (`rate` of PUT "
+            "/queues/{queue}/limits): jobs it may hand out at once now; 0 while its rate holds "
+            "jobs back. Refilled at the rate up to the burst.",
+            ["queue", "task_type"],
+            registry=registry,
+        )
+        self.claims_held_back = Counter(
+            "jobq_claims_held_back",
+            "Claims of a limited (queue, task type) that handed out fewer of its jobs than "
+            "asked while more waited, by the bound that held them back: concurrency, rate, "
+            "tenant (tenantConcurrency or tenantRate) or lock (another claimer was claiming "
+            "the pair's jobs).",
+            ["queue", "task_type", "reason"],
+            registry=registry,
+        )
         self._limited_pairs: set[tuple[str, str]] = set()
+        self._rated_pairs: set[tuple[str, str]] = set()
         self.lease_expired = Counter(
             "jobq_lease_expired", "Leases the reaper found expired.", ["queue"], registry=registry
         )
@@ -228,6 +253,11 @@ class QueueMetrics:
         queue_label, task_label = self.seed(queue, task_type)
         self.enqueued.labels(queue_label, task_label, self.tenant_label(tenant)).inc(count)
 
+    def count_claimed(self, counts: dict[tuple[str, str], int]) -> None:
+        """Add jobs handed out, `{(queue, tenant): jobs}`, to `jobq_claimed_total`."""
+        for (queue, tenant), count in counts.items():
+            self.claimed.labels(self.queue_label(queue), self.tenant_label(tenant)).inc(count)
+
     def observe_health(self, health: DatabaseHealth) -> None:
         """Publish one reading of the database's health (the `job` table's figures)."""
         self.oldest_transaction_age.set(health.oldest_transaction_age_seconds)
@@ -248,9 +278,9 @@ class QueueMetrics:
         self._paused_queues = {state.queue for state in shown}
 
     def observe_limits(self, readings: list[LimitReading]) -> None:
-        """Publish each limited (queue, task type)'s limit, slots in use and jobs waiting; a
-        pair whose limit was removed loses its series. At most `label_limit` pairs (the
-        busiest first)."""
+        """Publish each limited (queue, task type)'s limit, slots in use, jobs waiting and rate
+        bucket tokens; a pair whose limit (or rate) was removed loses its series. At most
+        `label_limit` pairs (the busiest first)."""
         shown = sorted(readings, key=lambda r: (-r.running, r.queue, r.task_type))
         shown = shown[: self._label_limit]
         pairs = {(reading.queue, reading.task_type) for reading in shown}
@@ -258,7 +288,13 @@ class QueueMetrics:
             self.concurrency_limit.remove(*pair)
             self.concurrency_in_use.remove(*pair)
             self.concurrency_waiting.remove(*pair)
+        rated = {(r.queue, r.task_type) for r in shown if r.tokens is not None}
+        for pair in self._rated_pairs - rated:
+            self.rate_tokens.remove(*pair)
+        self._rated_pairs = rated
         for reading in shown:
+            if reading.tokens is not None:
+                self.rate_tokens.labels(reading.queue, reading.task_type).set(reading.tokens)
             limit = math.nan if reading.concurrency is None else reading.concurrency
             self.concurrency_limit.labels(reading.queue, reading.task_type).set(limit)
             self.concurrency_in_use.labels(reading.queue, reading.task_type).set(reading.running)

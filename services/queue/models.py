@@ -16,6 +16,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     DateTime,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -175,3 +176,20 @@ class QueueControl(Base):
     changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     changed_by: Mapped[str] = mapped_column(Text)
     change: Mapped[str] = mapped_column(Text)
+
+
+class RateBucket(Base):
+    """The token bucket of a dispatch rate limit (`rate` of `PUT /queues/{queue}/limits`):
+    `tokens` left at `updated_at`, refilled at the limit's rate up to its burst when read.
+    `tenant` is `''` for the bucket of the whole (queue, task type), else the tenant's own
+    bucket (`tenantRate`). No row means a full bucket; setting a queue's limits removes its
+    rows. Read and spent only by the claim of the pair, under the pair's advisory lock
+    (docs/architecture.md#flow-control)."""
+
+    __tablename__ = "rate_bucket"
+
+    queue: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task_type: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

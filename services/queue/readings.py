@@ -45,15 +45,17 @@ class DepthRow:
 
 @dataclass(frozen=True, slots=True)
 class LimitReading:
-    """One limited (queue, task type): its `concurrency` limit (None: a per-tenant bound
-    only), the jobs of it PROCESSING now (`running`) and PENDING now (`waiting`, counted up
-    to `WAITING_COUNTED`)."""
+    """One limited (queue, task type): its `concurrency` limit (None: no bound of all its
+    running jobs), the jobs of it PROCESSING now (`running`) and PENDING now (`waiting`,
+    counted up to `WAITING_COUNTED`), and the tokens its rate limit's bucket holds now
+    (`tokens`; None without a `rate`)."""
 
     queue: str
     task_type: str
     concurrency: int | None
     running: int
     waiting: int
+    tokens: float | None = None
 
 
 WAITING_COUNTED = 1_000

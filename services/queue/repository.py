@@ -301,16 +301,78 @@ def _next_tenant(flow: str, after: str, wrapped: str, cursor: str) -> str:
         ) AS found LIMIT 1)"""
 
 
-# The claim shares each batch between the flows (queue, tenant) that have ready work, in
-# proportion to their weights (docs/architecture.md#fair-shares), and walks the indexes in
-# their own order throughout, so its cost is O(flows x max) however long the backlog:
+# The claim of queues where one tenant has ready jobs (the usual case; which statement a
+# replica runs is `JobRepository._shared`'s): it walks ix_job_claim once per queue asked for,
+# in the index's own order, and merges the walks: each queue's walk stops after `max`
+# unlocked rows, so the cost is O(queues x max) however long the backlog, never a sort of
+# every waiting job. Rows locked by another claimer are skipped, not waited for, so claimers
+# never block each other and never share a row. Rows a walk locked but the merge did not pick
+# are unlocked at the end of the statement. `probe` then tells, per queue, whether a tenant
+# other than that of its first claimed job has ready jobs too (two descents of
+# ix_job_claim_tenant, one on each side of that tenant, which stop at once when there is
+# none): then the replica shares the queue's next claims (_CLAIM_FAIR_CTE_TEMPLATE).
+# Parameters: $1 queues, $2 max, $3 worker, $4 visibility timeout (seconds). A claim that
+# began before a pause (or a limit) committed may still take that queue's jobs (its snapshot
+# predates it): such jobs have a `claimed_at` before the change's commit.
+_CLAIM_WALK_CTES = f"""
+picked AS (
+    SELECT candidate.id,
+           -- Claim order, computed here: the rows come back from the UPDATE in no order.
+           row_number() OVER (
+               ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id) AS rank
+    -- A paused queue hands out nothing: its walk is never made; the task types it limits
+    -- are left to the limited claim (_CLAIM_LIMITED). One primary-key probe of the small
+    -- queue_control table per queue asked for (docs/architecture.md#flow-control).
+    FROM (SELECT asked.queue, control.limits
+          FROM unnest($1::text[]) AS asked(queue)
+          LEFT JOIN queue_control AS control ON control.queue = asked.queue
+          WHERE control.paused_at IS NULL) AS wanted
+    CROSS JOIN LATERAL (
+        SELECT id, priority, ready_at FROM job
+        WHERE status = 'PENDING' AND queue = wanted.queue
+          AND (wanted.limits IS NULL OR NOT wanted.limits ? task_type)
+        ORDER BY priority DESC, ready_at, id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ) AS candidate
+    ORDER BY candidate.priority DESC, candidate.ready_at, candidate.id
+    LIMIT $2
+), {_claimed_cte("$3", "$4")}, probe AS (
+    SELECT first_claimed.queue,
+           (SELECT job.id FROM job
+            WHERE job.status = 'PENDING' AND job.queue = first_claimed.queue
+              AND job.tenant < first_claimed.tenant
+            ORDER BY job.tenant, job.priority DESC, job.ready_at, job.id LIMIT 1) IS NOT NULL
+           OR (SELECT job.id FROM job
+               WHERE job.status = 'PENDING' AND job.queue = first_claimed.queue
+                 AND job.tenant > first_claimed.tenant
+               ORDER BY job.tenant, job.priority DESC, job.ready_at, job.id LIMIT 1) IS NOT NULL
+               AS shared
+    FROM (SELECT DISTINCT ON (claimed.queue) claimed.queue, claimed.tenant FROM claimed
+          ORDER BY claimed.queue, claimed.rank) AS first_claimed
+)"""
+
+# The claimed rows, then one row per queue of the probe (`id` NULL, `shared`).
+_CLAIM_WALK_ROWS = """
+SELECT id, task_type, payload_json, attempts, max_attempts, timeout_seconds, lease_id,
+       visible_at, idempotency_key, rank, queue, tenant, flow, NULL::bool AS shared
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, queue, NULL, NULL, shared
+FROM probe"""
+
+
+# The claim of queues where several tenants have ready jobs (`JobRepository._shared`) shares
+# each batch between the flows (queue, tenant) that have ready work, in proportion to their
+# weights (docs/architecture.md#fair-shares), and walks the indexes in their own order
+# throughout, so its cost is O(flows x max) however long the backlog:
 # 1. `flows`: per queue asked for (not paused; one primary-key probe of the small
 #    queue_control table), up to `max` tenants with PENDING jobs, found by a loose index scan
 #    of ix_job_claim_tenant (one descent per tenant), starting after the tenant this replica
 #    served last in the queue (the cursor, $cursors) and wrapping round, so every tenant gets
 #    its turn however many there are.
-# 2. `walked`: of each flow at most its share of `max` (ceil(max x weight / total weight),
-#    plus one) jobs in claim order (priority first, then the time each became ready), each
+# 2. `walked`: of each flow at most its share of `max` (ceil(max x weight / total weight))
+#    jobs in claim order (priority first, then the time each became ready), each
 #    walk cut by its LIMIT right above the index scan, rows locked by other claimers skipped.
 # 3. `fair`: the `max` jobs with the smallest keys (n - u) / weight, n the job's place in its
 #    flow's walk and u a random offset in [0, 1) per flow and claim: a flow of weight 3 gets
@@ -324,7 +386,7 @@ def _next_tenant(flow: str, after: str, wrapped: str, cursor: str) -> str:
 # cursor tenant per queue (NULL: none yet), aligned with $1. A claim that began before a pause
 # (or a limit) committed may still take that queue's jobs (its snapshot predates it): such
 # jobs have a `claimed_at` before the change's commit.
-_CLAIM_CTE_TEMPLATE = """
+_CLAIM_FAIR_CTE_TEMPLATE = """
 wanted AS (
     SELECT asked.queue, asked.cursor_tenant, control.limits, control.weights
     FROM unnest($1::text[], {cursors}::text[]) AS asked(queue, cursor_tenant)
@@ -340,7 +402,7 @@ wanted AS (
 ), shares AS (
     SELECT flows.queue, flows.tenant, flows.n AS flow, flows.priority, flows.ready_at,
            flows.id, flows.limits, weighed.weight, random() AS offset_u,
-           LEAST($2, ceil($2 * weighed.weight / sum(weighed.weight) OVER ())::int + 1) AS quota
+           LEAST($2, ceil($2 * weighed.weight / sum(weighed.weight) OVER ())::int) AS quota
     FROM flows CROSS JOIN LATERAL (
         SELECT COALESCE((flows.weights ->> flows.tenant)::float8, 1) AS weight
     ) AS weighed
@@ -400,10 +462,10 @@ wanted AS (
 ), {claimed}"""
 
 
-def _claim_ctes(cursors: str) -> str:
-    """The claim's CTEs (ending with `claimed`), with `cursors` the parameter that holds the
-    cursor tenant per queue."""
-    return _CLAIM_CTE_TEMPLATE.format(
+def _fair_claim_ctes(cursors: str) -> str:
+    """The fair claim's CTEs (ending with `claimed`), with `cursors` the parameter that holds
+    the cursor tenant per queue."""
+    return _CLAIM_FAIR_CTE_TEMPLATE.format(
         cursors=cursors,
         first=_next_tenant(
             "wanted", "COALESCE(wanted.cursor_tenant, '')", "false", "wanted.cursor_tenant"
@@ -424,25 +486,53 @@ _LOCK_LIMIT = (
     "SELECT pg_try_advisory_xact_lock(hashtextextended('jobq.limit:' || $1 || '/' || $2, 0))"
 )
 
-# At most `concurrency` PROCESSING jobs of the pair, and `tenantConcurrency` of one tenant:
-# the room left (`room`) bounds the walk (ix_job_claim, filtered on the task type, in claim
-# order); tenants at their bound are skipped by it, and of each other tenant no more rows are
-# taken than it has slots left. No row in `control` (no limit for the pair any more, or the
-# queue paused) is no room: the unlimited claim takes such jobs.
+# At most `concurrency` PROCESSING jobs of the pair and `tenantConcurrency` of one tenant, and
+# no more handed out than the pair's token bucket (`rate` per second, `burst` at most) and
+# each tenant's (`tenantRate`, `tenantBurst`) hold: the room left (`room`) bounds the walk
+# (ix_job_claim, filtered on the task type, in claim order); tenants at their bound or out of
+# tokens are skipped by it, and of each other tenant no more rows are taken than it has slots
+# and tokens left. The buckets (`rate_bucket`, no row: full) are refilled on read, as
+# `tokens + rate x seconds since`, and what the claim took is spent in the same statement,
+# under the pair's lock, so replicas never spend a token twice. No row in `control` (no limit
+# for the pair any more, or the queue paused) is no room: the unlimited claim takes such jobs.
+# After the claimed rows comes one row without an id: which bound held the claim back
+# (`held_by`: concurrency, rate or tenant; NULL: none) and, when a token bucket did, the
+# seconds until its next token (`wait_seconds`).
 # Parameters: $1 queue, $2 task type, $3 max, $4 worker, $5 visibility timeout (seconds).
 _CLAIM_LIMITED = f"""
 WITH control AS (
     SELECT (limits -> $2::text ->> 'concurrency')::int AS concurrency,
-           (limits -> $2::text ->> 'tenantConcurrency')::int AS per_tenant
+           (limits -> $2::text ->> 'tenantConcurrency')::int AS per_tenant,
+           (limits -> $2::text ->> 'rate')::float8 AS rate,
+           (limits -> $2::text ->> 'burst')::float8 AS burst,
+           (limits -> $2::text ->> 'tenantRate')::float8 AS tenant_rate,
+           (limits -> $2::text ->> 'tenantBurst')::float8 AS tenant_burst
     FROM queue_control WHERE queue = $1::text AND paused_at IS NULL AND limits ? $2::text
 ), running AS (
     SELECT tenant, count(*)::int AS n FROM job
     WHERE status = 'PROCESSING' AND queue = $1::text AND task_type = $2::text
     GROUP BY tenant
+), buckets AS (
+    SELECT bucket.tenant,
+           LEAST(CASE WHEN bucket.tenant = '' THEN control.burst ELSE control.tenant_burst END,
+                 bucket.tokens + EXTRACT(EPOCH FROM statement_timestamp() - bucket.updated_at)
+                     * CASE WHEN bucket.tenant = '' THEN control.rate
+                            ELSE control.tenant_rate END) AS tokens
+    FROM rate_bucket AS bucket, control
+    WHERE bucket.queue = $1::text AND bucket.task_type = $2::text
+      AND CASE WHEN bucket.tenant = '' THEN control.rate ELSE control.tenant_rate END
+          IS NOT NULL
+), pair_tokens AS (
+    SELECT COALESCE((SELECT tokens FROM buckets WHERE tenant = ''), control.burst) AS n
+    FROM control WHERE control.rate IS NOT NULL
 ), room AS (
-    SELECT GREATEST(0, LEAST($3::int, COALESCE(
-               control.concurrency - (SELECT COALESCE(sum(n), 0) FROM running)::int,
-               $3::int))) AS n
+    SELECT GREATEST(0, LEAST(
+               $3::int,
+               COALESCE(control.concurrency - (SELECT COALESCE(sum(n), 0) FROM running)::int,
+                        $3::int),
+               COALESCE(floor((SELECT n FROM pair_tokens))::int, $3::int))) AS n,
+           control.concurrency - (SELECT COALESCE(sum(n), 0) FROM running)::int
+               AS concurrency_room
     FROM control
 ), walked AS (
     SELECT candidate.*,
@@ -452,19 +542,65 @@ WITH control AS (
     FROM (SELECT id, tenant, priority, ready_at FROM job
           WHERE status = 'PENDING' AND queue = $1::text AND task_type = $2::text
             AND tenant <> ALL(ARRAY(SELECT running.tenant FROM running, control
-                                    WHERE running.n >= control.per_tenant))
+                                    WHERE running.n >= control.per_tenant
+                                    UNION ALL
+                                    SELECT buckets.tenant FROM buckets, control
+                                    WHERE buckets.tenant <> '' AND buckets.tokens < 1
+                                      AND control.tenant_rate IS NOT NULL))
           ORDER BY priority DESC, ready_at, id
           LIMIT COALESCE((SELECT n FROM room), 0)
           FOR UPDATE SKIP LOCKED) AS candidate
 ), picked AS (
-    SELECT walked.id,
+    SELECT walked.id, walked.tenant,
            row_number() OVER (ORDER BY walked.priority DESC, walked.ready_at, walked.id)
                AS rank
     FROM walked
     WHERE walked.nth + COALESCE((SELECT n FROM running WHERE running.tenant = walked.tenant), 0)
           <= COALESCE((SELECT per_tenant FROM control), {INT_MAX})
-), {_claimed_cte("$4", "$5")}
-SELECT * FROM claimed"""
+      AND walked.nth <= COALESCE(
+              floor((SELECT tokens FROM buckets WHERE buckets.tenant = walked.tenant)),
+              (SELECT tenant_burst FROM control), {INT_MAX})
+), {_claimed_cte("$4", "$5")}, spent AS (
+    INSERT INTO rate_bucket AS bucket (queue, task_type, tenant, tokens, updated_at)
+    SELECT $1::text, $2::text, '', pair_tokens.n - (SELECT count(*) FROM claimed),
+           statement_timestamp()
+    FROM pair_tokens
+    UNION ALL
+    SELECT $1::text, $2::text, claimed.tenant,
+           COALESCE(min(buckets.tokens), min(control.tenant_burst)) - count(*),
+           statement_timestamp()
+    FROM claimed CROSS JOIN control LEFT JOIN buckets ON buckets.tenant = claimed.tenant
+    WHERE control.tenant_rate IS NOT NULL
+    GROUP BY claimed.tenant
+    ON CONFLICT (queue, task_type, tenant) DO UPDATE
+        SET tokens = EXCLUDED.tokens, updated_at = EXCLUDED.updated_at
+)
+SELECT id, task_type, payload_json, attempts, max_attempts, timeout_seconds, lease_id,
+       visible_at, idempotency_key, rank, queue, tenant, flow,
+       NULL::text AS held_by, NULL::float8 AS wait_seconds
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       CASE WHEN NOT held.waiting OR held.claimed >= $3 THEN NULL
+            WHEN held.tokens_left < 1 THEN 'rate'
+            WHEN held.claimed >= room.concurrency_room THEN 'concurrency'
+            WHEN held.claimed < held.walked OR held.tenants_out THEN 'tenant' END,
+       CASE WHEN NOT held.waiting OR held.claimed >= $3 THEN NULL
+            WHEN held.tokens_left < 1 THEN (1 - held.tokens_left) / (SELECT rate FROM control)
+            ELSE (SELECT min((1 - buckets.tokens) / control.tenant_rate)
+                  FROM buckets, control WHERE buckets.tenant <> '' AND buckets.tokens < 1) END
+FROM room CROSS JOIN LATERAL (
+    SELECT (SELECT count(*) FROM claimed) AS claimed, (SELECT count(*) FROM walked) AS walked,
+           (SELECT n FROM pair_tokens) - (SELECT count(*) FROM claimed) AS tokens_left,
+           EXISTS (SELECT FROM buckets WHERE buckets.tenant <> '' AND buckets.tokens < 1)
+               AS tenants_out,
+           -- Jobs of the pair this claim left waiting.
+           (SELECT id FROM job WHERE status = 'PENDING' AND queue = $1::text
+                                  AND task_type = $2::text
+                                  AND id <> ALL(ARRAY(SELECT id FROM walked))
+            ORDER BY priority DESC, ready_at, id LIMIT 1) IS NOT NULL AS waiting
+) AS held
+"""
 
 # Each entry is fenced by its own receipt handle: only the latest claim may complete a job.
 # Parameters: ids, receipt handles and results (JSON text or NULL), as arrays.
@@ -486,24 +622,35 @@ entries AS (
               EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end
 )"""
 
-_CLAIM = f"WITH RECURSIVE {_claim_ctes('$5')} SELECT * FROM claimed"
+_CLAIM = f"WITH {_CLAIM_WALK_CTES} {_CLAIM_WALK_ROWS}"
+
+_CLAIM_FAIR = f"WITH RECURSIVE {_fair_claim_ctes('$5')} SELECT * FROM claimed"
 
 _ACK = f"WITH {_ACK_CTES.format(ids='$1', handles='$2', results='$3')} SELECT * FROM acked"
 
-# A worker's acks and its next claim in one statement: one round trip and one commit (one WAL
-# flush) for both. The acked rows are PROCESSING and the claimed ones PENDING, so the two
-# updates never touch the same row.
-_ACK_AND_CLAIM = f"""
-WITH RECURSIVE {_ACK_CTES.format(ids="$5", handles="$6", results="$7")}, {_claim_ctes("$8")}
+
+def _ack_and_claim(claim_ctes: str, claim_rows: str, recursive: str = "") -> str:
+    """A worker's acks and its next claim in one statement: one round trip and one commit
+    (one WAL flush) for both. The acked rows are PROCESSING and the claimed ones PENDING, so
+    the two updates never touch the same row. `is_claim` is true for a claimed job (and a
+    probe row, which has no id), false for an acked one."""
+    return f"""
+WITH {recursive}{_ACK_CTES.format(ids="$5", handles="$6", results="$7")}, {claim_ctes}
 SELECT true AS is_claim, id, task_type, payload_json, attempts, max_attempts, timeout_seconds,
-       lease_id, visible_at, idempotency_key, rank, queue, tenant, flow,
+       lease_id, visible_at, idempotency_key, rank, queue, tenant, flow, shared,
        NULL::float8 AS end_to_end
-FROM claimed
+FROM ({claim_rows}) AS claim_rows
 UNION ALL
 SELECT false, id, task_type, NULL, attempts, NULL, NULL, NULL, NULL, NULL, NULL,
-       queue, NULL, NULL, end_to_end
+       queue, NULL, NULL, NULL, end_to_end
 FROM acked
 """
+
+
+_ACK_AND_CLAIM = _ack_and_claim(_CLAIM_WALK_CTES, _CLAIM_WALK_ROWS)
+_ACK_AND_CLAIM_FAIR = _ack_and_claim(
+    _fair_claim_ctes("$8"), "SELECT *, NULL::bool AS shared FROM claimed", "RECURSIVE "
+)
 
 _LEASES = "SELECT id, lease_id, status FROM job WHERE id = ANY($1::uuid[])"
 
@@ -549,21 +696,31 @@ ON CONFLICT (queue) DO UPDATE
 RETURNING {_CONTROL_COLUMNS}
 """
 
+# New limits start with full token buckets.
+_RESET_BUCKETS = "DELETE FROM rate_bucket WHERE queue = $1::text"
+
 # A resumed queue's long polls, on every replica, are woken to claim at once.
 _WAKE_ALL = f"SELECT pg_notify('{WAKEUP_CHANNEL}', $1::text || ':' || {INT_MAX})"
 
 _CONTROLS = f"SELECT {_CONTROL_COLUMNS} FROM queue_control ORDER BY queue"
 
 # Each limited (queue, task type) with its limit, its PROCESSING jobs (found through
-# ix_job_reaper, the partial index of PROCESSING jobs) and its PENDING ones (through
-# ix_job_claim, at most $1 of them counted).
+# ix_job_reaper, the partial index of PROCESSING jobs), its PENDING ones (through
+# ix_job_claim, at most $1 of them counted) and the tokens of its rate bucket (NULL: no rate).
 _LIMIT_READINGS = """
 SELECT control.queue, limited.task_type, (limited.bounds ->> 'concurrency')::int AS concurrency,
        (SELECT count(*) FROM job WHERE status = 'PROCESSING' AND queue = control.queue
                                    AND task_type = limited.task_type)::int AS running,
        (SELECT count(*) FROM (SELECT FROM job WHERE status = 'PENDING' AND queue = control.queue
                                                AND task_type = limited.task_type
-                              LIMIT $1::int) AS pending)::int AS waiting
+                              LIMIT $1::int) AS pending)::int AS waiting,
+       LEAST((limited.bounds ->> 'burst')::float8, COALESCE(
+           (SELECT bucket.tokens + EXTRACT(EPOCH FROM statement_timestamp() - bucket.updated_at)
+                                   * (limited.bounds ->> 'rate')::float8
+            FROM rate_bucket AS bucket
+            WHERE bucket.queue = control.queue AND bucket.task_type = limited.task_type
+              AND bucket.tenant = ''),
+           (limited.bounds ->> 'burst')::float8)) AS tokens
 FROM queue_control AS control, jsonb_each(control.limits) AS limited(task_type, bounds)
 ORDER BY 1, 2
 """
@@ -871,6 +1028,17 @@ ACK_AND_CLAIM_STATEMENT = _ACK_AND_CLAIM
 """The combined ack-and-claim statement, for plan-regression tests: the claim's four
 parameters, then ($5 ids, $6 receipt handles, $7 results as JSON text)."""
 
+CLAIM_CTES = _CLAIM_WALK_CTES
+"""The claim statement's CTEs (`claimed` and `probe`), for benchmark/pgbench.py's script."""
+
+CLAIM_FAIR_STATEMENT = _CLAIM_FAIR
+"""The fair claim statement (queues shared by several tenants): the claim's four parameters,
+then $5 the cursor tenant per queue."""
+
+ACK_AND_CLAIM_FAIR_STATEMENT = _ACK_AND_CLAIM_FAIR
+"""The fair ack-and-claim statement: the ack-and-claim's seven parameters, then $8 the cursor
+tenant per queue."""
+
 # The other transitions, for the same tests (each statement's parameters are documented above
 # it; retention's is the statement for COMPLETED and CANCELLED jobs).
 ACK_STATEMENT = _ACK
@@ -1085,6 +1253,18 @@ def _completed(rows: list[asyncpg.Record]) -> list[Settled]:
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class LimitedClaim:
+    """What `JobRepository.claim_limited` handed out (`jobs`, in claim order) and, when a
+    bound of the pair kept jobs of it waiting, which (`held_by`: `concurrency`, `rate`,
+    `tenant`, or `lock` when another claimer held the pair's lock), with the seconds until
+    a token bucket that held them back has its next token (`wait_seconds`, else None)."""
+
+    jobs: list[Claimed]
+    held_by: str | None
+    wait_seconds: float | None
+
+
 _CURSORS_KEPT = 10_000
 """Queues whose fair-claim cursor a replica keeps; past it they all start again."""
 
@@ -1110,24 +1290,58 @@ class JobRepository:
         self._deadline: float | None = None
         self._scopes: set[asyncio.Timeout] = set()
         self._cursors: dict[str, str] = {}
+        # Queues this replica saw several tenants with ready jobs in: their claims are shared.
+        self._shared: set[str] = set()
+        self._claimed_by_tenant: dict[tuple[str, str], int] = {}
 
     def _cursors_of(self, queues: Sequence[str]) -> list[str | None]:
         """The fair claim's cursor per queue of `queues`: the tenant this replica served last
         in the queue's window (its claims start after it), None before the first claim."""
         return [self._cursors.get(queue) for queue in queues]
 
-    def _move_cursors(self, rows: Sequence[asyncpg.Record]) -> None:
-        """Move each queue's cursor to the tenant of the last flow (in window order) that the
-        claim's fair share served, so the next claim's window starts after it."""
+    def _fair(self, queues: Sequence[str]) -> bool:
+        """Whether a claim of `queues` shares its batch (the fair statement): when this
+        replica last saw several tenants with ready jobs in one of them."""
+        return not self._shared.isdisjoint(queues)
+
+    def _claimed_rows(
+        self, rows: Sequence[asyncpg.Record], queues: Sequence[str], fair: bool
+    ) -> list[asyncpg.Record]:
+        """The claimed jobs' rows of a claim of `queues` (the fair statement's when `fair`),
+        after counting them by (queue, tenant) and learning from them which queues to share:
+        a queue the walk's probe found another tenant in is shared from the next claim on; a
+        queue whose fair claim served one flow or none is walked again (its probe tells when
+        to share it again). Each shared queue's cursor moves to the tenant of the last flow
+        (in window order) the fair claim served, so the next window starts after it."""
+        claimed = [row for row in rows if row["id"] is not None]
+        counts = self._claimed_by_tenant
         last: dict[str, tuple[int, str]] = {}
-        for row in rows:
+        for row in claimed:
+            key = (row["queue"], row["tenant"])
+            counts[key] = counts.get(key, 0) + 1
             flow = row["flow"]
             if flow is not None and flow >= last.get(row["queue"], (0, ""))[0]:
                 last[row["queue"]] = (flow, row["tenant"])
-        if len(self._cursors) + len(last) > _CURSORS_KEPT:
-            self._cursors.clear()  # bounded: asked-for queue names come from workers
-        for queue, (_, tenant) in last.items():
-            self._cursors[queue] = tenant
+        if fair:
+            for queue in queues:
+                if last.get(queue, (0, ""))[0] <= 1:
+                    self._shared.discard(queue)
+            if len(self._cursors) + len(last) > _CURSORS_KEPT:
+                self._cursors.clear()  # bounded: asked-for queue names come from workers
+            for queue, (_, tenant) in last.items():
+                self._cursors[queue] = tenant
+        else:
+            for row in rows:
+                if row["id"] is None and row["shared"]:
+                    if len(self._shared) >= _CURSORS_KEPT:
+                        self._shared.clear()
+                    self._shared.add(row["queue"])
+        return claimed
+
+    def take_claimed_by_tenant(self) -> dict[tuple[str, str], int]:
+        """The jobs this replica handed out since the last call, by (queue, tenant)."""
+        taken, self._claimed_by_tenant = self._claimed_by_tenant, {}
+        return taken
 
     def stop_waiting_at(self, when: float) -> None:
         """Shutdown: every database operation, in flight or to come, ends by event-loop time
@@ -1266,11 +1480,14 @@ class JobRepository:
         each became ready, then id), then the top-ups in that order.
         """
         names = list(dict.fromkeys(queues))
-        rows = await self._fetch(
-            _CLAIM, names, max_jobs, worker, visibility_timeout, self._cursors_of(names)
-        )
-        self._move_cursors(rows)
-        return _claimed(rows, visibility_timeout)
+        fair = self._fair(names)
+        if fair:
+            rows = await self._fetch(
+                _CLAIM_FAIR, names, max_jobs, worker, visibility_timeout, self._cursors_of(names)
+            )
+        else:
+            rows = await self._fetch(_CLAIM, names, max_jobs, worker, visibility_timeout)
+        return _claimed(self._claimed_rows(rows, names, fair), visibility_timeout)
 
     async def claim_limited(
         self,
@@ -1279,26 +1496,33 @@ class JobRepository:
         worker: str,
         max_jobs: int,
         visibility_timeout: int,
-    ) -> list[Claimed]:
+    ) -> LimitedClaim:
         """Claim up to `max_jobs` PENDING jobs of `task_type` in `queue`, within the pair's
-        concurrency limit (`queue_control.limits`): no more than the room its `concurrency`
-        leaves beside the PROCESSING jobs of the pair on every replica, nor more of one tenant
-        than its `tenantConcurrency` leaves. Nothing when the queue is paused or the pair has
-        no limit (the unlimited claim, `claim`, takes its jobs then).
+        limits (`queue_control.limits`): no more than the room its `concurrency` leaves beside
+        the PROCESSING jobs of the pair on every replica, nor more of one tenant than its
+        `tenantConcurrency` leaves, nor more than the tokens its `rate` and each tenant's
+        `tenantRate` buckets hold (spent by this claim). Nothing when the queue is paused or
+        the pair has no limit (the unlimited claim, `claim`, takes its jobs then).
 
         One transaction: an advisory lock on the pair, then the claim in a statement whose
         snapshot follows the lock, so concurrent claimers of the pair never both take its last
-        slot; nothing, without waiting, when another claimer holds the lock (it is claiming
-        the pair's jobs). Other pairs and queues are not affected. Returns the jobs in claim
-        order, like `claim`.
+        slot or token; nothing, without waiting, when another claimer holds the lock (it is
+        claiming the pair's jobs). Other pairs and queues are not affected. Returns the jobs
+        in claim order, like `claim`, with the bound that held jobs of the pair back, if any,
+        and when a token bucket did, the seconds until its next token.
         """
         async with self._connection() as conn, conn.transaction():
             if not await conn.fetchval(_LOCK_LIMIT, queue, task_type):
-                return []
+                return LimitedClaim([], "lock", None)
             rows = await conn.fetch(
                 _CLAIM_LIMITED, queue, task_type, max_jobs, worker, visibility_timeout
             )
-        return _claimed(rows, visibility_timeout)
+        held = [row for row in rows if row["id"] is None]
+        claimed = [row for row in rows if row["id"] is not None]
+        jobs = _claimed(self._claimed_rows(claimed, (), fair=False), visibility_timeout)
+        if not held:  # no row in `control`: the pair is no longer limited, or paused
+            return LimitedClaim(jobs, None, None)
+        return LimitedClaim(jobs, held[0]["held_by"], held[0]["wait_seconds"])
 
     async def ack_and_claim(
         self,
@@ -1313,8 +1537,8 @@ class JobRepository:
         Returns the jobs claimed, in claim order, and the jobs this call completed.
         """
         names = list(dict.fromkeys(queues))
-        rows = await self._fetch(
-            _ACK_AND_CLAIM,
+        fair = self._fair(names)
+        args = [
             names,
             max_jobs,
             worker,
@@ -1322,10 +1546,12 @@ class JobRepository:
             [entry[0] for entry in entries],
             [entry[1] for entry in entries],
             [_json_or_null(entry[2]) for entry in entries],
-            self._cursors_of(names),
-        )
-        claimed = [row for row in rows if row["is_claim"]]
-        self._move_cursors(claimed)
+        ]
+        if fair:
+            rows = await self._fetch(_ACK_AND_CLAIM_FAIR, *args, self._cursors_of(names))
+        else:
+            rows = await self._fetch(_ACK_AND_CLAIM, *args)
+        claimed = self._claimed_rows([row for row in rows if row["is_claim"]], names, fair)
         acked = [row for row in rows if not row["is_claim"]]
         return _claimed(claimed, visibility_timeout), _completed(acked)
 
@@ -1537,21 +1763,27 @@ ORDER BY id DESC"""
     async def set_limits(
         self, queue: str, limits: Sequence[ConcurrencyLimit], actor: str
     ) -> QueueState | None:
-        """Replace `queue`'s concurrency limits with `limits` (one per task type; empty: none),
-        recording `actor` as who did it, and wake the queue's long polls on every replica (a
-        raised or removed limit may let jobs run at once). Stored as one jsonb object keyed by
+        """Replace `queue`'s limits with `limits` (one per task type; empty: none), recording
+        `actor` as who did it, refill its token buckets (their rows removed), and wake the
+        queue's long polls on every replica (a raised or removed limit may let jobs run at
+        once). Stored as one jsonb object keyed by
         task type, which the claim probes (`?`). Returns the queue's state after the change;
         None, changing nothing, for a queue that has no job and no state."""
         stored = {
             limit.task_type: {
                 "concurrency": limit.concurrency,
                 "tenantConcurrency": limit.tenant_concurrency,
+                "rate": limit.rate,
+                "burst": limit.burst,
+                "tenantRate": limit.tenant_rate,
+                "tenantBurst": limit.tenant_burst,
             }
             for limit in limits
         }
         async with self._connection() as conn, conn.transaction():
             row = await conn.fetchrow(_SET_LIMITS, queue, stored, actor)
             if row is not None:
+                await conn.execute(_RESET_BUCKETS, queue)
                 await conn.execute(_WAKE_ALL, queue)
         return None if row is None else _to_state(row)
 
@@ -1571,10 +1803,18 @@ ORDER BY id DESC"""
         return [_to_state(row) for row in await self._fetch(_CONTROLS)]
 
     async def limit_readings(self) -> list[LimitReading]:
-        """Every limited (queue, task type): its concurrency limit, its jobs running now and
-        its jobs waiting (PENDING, at most `WAITING_COUNTED` counted)."""
+        """Every limited (queue, task type): its concurrency limit, its jobs running now, its
+        jobs waiting (PENDING, at most `WAITING_COUNTED` counted) and its rate bucket's
+        tokens."""
         return [
-            LimitReading(r["queue"], r["task_type"], r["concurrency"], r["running"], r["waiting"])
+            LimitReading(
+                r["queue"],
+                r["task_type"],
+                r["concurrency"],
+                r["running"],
+                r["waiting"],
+                r["tokens"],
+            )
             for r in await self._fetch(_LIMIT_READINGS, WAITING_COUNTED)
         ]
 

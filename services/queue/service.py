@@ -69,6 +69,7 @@ from services.queue.repository import (
     Claimed,
     Extended,
     JobRepository,
+    LimitedClaim,
     ScheduleFiring,
     Settled,
 )
@@ -174,6 +175,9 @@ class QueueService:
         self._limited_read_at = -math.inf
         self._limited_lock = asyncio.Lock()
         self._rotation = 0
+        # Event-loop-independent clock (time.monotonic) at which a token bucket that held a
+        # queue's jobs back has its next token: long polls on the queue wake then.
+        self._token_due: dict[str, float] = {}
 
     async def aclose(self) -> None:
         """Finish the group commits under way."""
@@ -341,7 +345,7 @@ class QueueService:
                 break
             extra = (disconnected,) if disconnected is not None else ()
             await self._hub.wait(
-                request.queues, min(self._settings.queue_poll_interval, remaining), *extra
+                request.queues, self._wait_slice(request.queues, remaining), *extra
             )
             if self._shutdown.is_set() or (disconnected is not None and disconnected.done()):
                 break
@@ -388,9 +392,11 @@ class QueueService:
                     for task_type in types[start:] + types[:start]:
                         if len(jobs) >= request.max:
                             return jobs
-                        jobs += await self._repository.claim_limited(
+                        limited_claim = await self._repository.claim_limited(
                             queue, task_type, request.worker, request.max - len(jobs), visibility
                         )
+                        jobs += limited_claim.jobs
+                        self._held_back(queue, task_type, limited_claim)
             except ServiceUnavailable:
                 if not jobs:
                     raise
@@ -405,6 +411,32 @@ class QueueService:
             if not jobs:
                 raise
             return jobs
+
+    def _held_back(self, queue: str, task_type: str, claim: LimitedClaim) -> None:
+        """Count a limited claim that a bound of the pair held back, by the bound; when a
+        token bucket did, wake the queue's long polls on this replica when its next token is
+        due (no busy polling: one wake per token at most, and none while nothing waits)."""
+        if claim.held_by is None:
+            return
+        self._metrics.claims_held_back.labels(queue, task_type, claim.held_by).inc()
+        if claim.wait_seconds is not None:
+            due = time.monotonic() + max(0.001, claim.wait_seconds)
+            self._token_due[queue] = min(due, self._token_due.get(queue, math.inf))
+
+    def _wait_slice(self, queues: Sequence[str], remaining: float) -> float:
+        """How long a long poll on `queues` waits for a wake-up before claiming again: the
+        poll interval, less when a token bucket of one of the queues has its next token
+        sooner (those due are forgotten: the claim about to run spends them)."""
+        wait = min(self._settings.queue_poll_interval, remaining)
+        if self._token_due:
+            now = time.monotonic()
+            for queue in queues:
+                due = self._token_due.get(queue)
+                if due is not None:
+                    if due <= now:
+                        del self._token_due[queue]
+                    wait = min(wait, max(0.0, due - now))
+        return wait
 
     async def _limited_task_types(self) -> dict[str, tuple[str, ...]]:
         """The task types each queue limits, read from PostgreSQL at most once per

@@ -11,8 +11,10 @@ import pytest
 
 from common.enqueue import ENQUEUE_ASYNCPG, encode_rows
 from services.queue.repository import (
+    ACK_AND_CLAIM_FAIR_STATEMENT,
     ACK_AND_CLAIM_STATEMENT,
     ACK_STATEMENT,
+    CLAIM_FAIR_STATEMENT,
     CLAIM_LIMITED_STATEMENT,
     CLAIM_STATEMENT,
     FAIL_STATEMENT,
@@ -110,11 +112,41 @@ CLAIM_ARGS = "'{{{queues}}}', 16, 'w', 30"
 SETTLE_ARRAYS = "ARRAY[gen_random_uuid()], ARRAY[gen_random_uuid()]"
 
 
+@pytest.mark.parametrize("queues", ["default", "default,a,b"])
+async def test_the_claim_is_an_ordered_index_walk_for_one_queue_and_for_several(
+    clean_database: str, queues: str
+) -> None:
+    connection = await asyncpg.connect(clean_database)
+    try:
+        await _fill(connection)
+        claim = await _generic_plan(connection, CLAIM_STATEMENT, CLAIM_ARGS.format(queues=queues))
+        with_acks = await _generic_plan(
+            connection,
+            ACK_AND_CLAIM_STATEMENT,
+            CLAIM_ARGS.format(queues=queues) + f", {SETTLE_ARRAYS}, ARRAY[NULL::text]",
+        )
+    finally:
+        await connection.close()
+    for plan in (claim, with_acks):
+        assert "Index Scan using ix_job_claim on" in plan, plan
+        # Each queue's walk is cut by its own LIMIT right above the index scan (no sort of
+        # the backlog), and no row is found by scanning the table.
+        walk = plan[plan.index("LockRows") :]
+        assert "Sort" not in walk.split("Index Scan using ix_job_claim")[0], plan
+        # Whether another tenant has ready jobs: descents of the per-tenant index.
+        assert "Index Only Scan using ix_job_claim_tenant" in plan, plan
+        # No job row is found by scanning the table. queue_control has a row per queue ever
+        # paused (a handful), which the planner may read whole for the pause filter.
+        assert "Seq Scan on job" not in plan, plan
+        assert "Hash Join" not in plan, plan
+        assert "queue_control" in plan, "a paused queue is filtered in the claim itself"
+
+
 @pytest.mark.parametrize(
     ("queues", "tenants", "cursor"),
-    [("default", 1, "NULL"), ("default,a,b", 1, "NULL"), ("default", 200, "'t7'")],
+    [("default", 2, "NULL"), ("default,a,b", 2, "NULL"), ("default", 200, "'t7'")],
 )
-async def test_the_claim_is_an_ordered_index_walk_per_flow_for_any_number_of_tenants(
+async def test_the_fair_claim_is_an_ordered_index_walk_per_flow_for_any_number_of_tenants(
     clean_database: str, queues: str, tenants: int, cursor: str
 ) -> None:
     connection = await asyncpg.connect(clean_database)
@@ -122,11 +154,11 @@ async def test_the_claim_is_an_ordered_index_walk_per_flow_for_any_number_of_ten
     try:
         await _fill(connection, tenants)
         claim = await _generic_plan(
-            connection, CLAIM_STATEMENT, CLAIM_ARGS.format(queues=queues) + f", {cursors}"
+            connection, CLAIM_FAIR_STATEMENT, CLAIM_ARGS.format(queues=queues) + f", {cursors}"
         )
         with_acks = await _generic_plan(
             connection,
-            ACK_AND_CLAIM_STATEMENT,
+            ACK_AND_CLAIM_FAIR_STATEMENT,
             CLAIM_ARGS.format(queues=queues) + f", {SETTLE_ARRAYS}, ARRAY[NULL::text], {cursors}",
         )
     finally:
@@ -145,8 +177,6 @@ async def test_the_claim_is_an_ordered_index_walk_per_flow_for_any_number_of_ten
             assert "Index Scan using ix_job_claim" in lines[i + 1], plan
         assert any("using ix_job_claim_tenant" in lines[i + 1] for i in locks), plan
         assert any("using ix_job_claim on" in lines[i + 1] for i in locks), plan
-        # No job row is found by scanning the table. queue_control has a row per queue ever
-        # paused (a handful), which the planner may read whole for the pause filter.
         assert "Seq Scan on job" not in plan, plan
         assert "Hash Join" not in plan, plan
         assert "queue_control" in plan, "a paused queue is filtered in the claim itself"

@@ -40,6 +40,12 @@ async def put_limits(client: httpx.AsyncClient, *limits: dict[str, Any]) -> http
     return await client.put("/queues/hooks/limits", json={"limits": list(limits)})
 
 
+def bounds(**given: Any) -> dict[str, Any]:
+    """A limit as `GET /queues` shows it: the bounds `given`, every other one null."""
+    every = ("concurrency", "tenantConcurrency", "rate", "burst", "tenantRate", "tenantBurst")
+    return {"taskType": given.pop("taskType")} | dict.fromkeys(every) | given
+
+
 class Sampler:
     """Reads the PROCESSING jobs of one task type from PostgreSQL every 10 ms, by tenant."""
 
@@ -95,14 +101,18 @@ async def drain(
     database_url: str,
     total: int,
     hold: float = 0.02,
+    workers_per_replica: int = 1,
+    slots: int = 32,
 ) -> tuple[Sampler, Counter[str]]:
-    """32 claimers on each replica until `total` jobs completed, sampling all the while."""
+    """`workers_per_replica` workers of `slots` claimers on each replica until `total` jobs
+    completed, sampling all the while."""
     sampler = Sampler(database_url, "webhook")
     stop = asyncio.Event()
     sampling = asyncio.create_task(sampler.run(stop))
     fleet = [
-        asyncio.create_task(worker_slots(client, f"w{n}", 32, stop, hold))
+        asyncio.create_task(worker_slots(client, f"w{n}-{k}", slots, stop, hold))
         for n, client in enumerate(replicas)
+        for k in range(workers_per_replica)
     ]
 
     async def completed() -> int:
@@ -116,7 +126,7 @@ async def drain(
             await connection.close()
 
     try:
-        await eventually(completed, lambda n: n == total, within=90, interval=0.2, what="drain")
+        await eventually(completed, lambda n: n == total, within=120, interval=0.2, what="drain")
     finally:
         stop.set()
         counts = await asyncio.gather(*fleet)
@@ -132,9 +142,7 @@ async def test_a_limit_holds_on_every_replica_and_other_task_types_run_at_full_s
     await submit_many(first, "noop", 300)
     reply = await put_limits(second, {"taskType": "webhook", "concurrency": 3})
     assert reply.status_code == 200, reply.text
-    assert reply.json()["limits"] == [
-        {"taskType": "webhook", "concurrency": 3, "tenantConcurrency": None}
-    ]
+    assert reply.json()["limits"] == [bounds(taskType="webhook", concurrency=3)]
 
     started = time.monotonic()
     sampler, done = await drain(replicas, clean_database, 500)
@@ -160,6 +168,76 @@ async def test_a_tenant_limit_runs_no_two_jobs_of_one_tenant_at_once(
     assert done == {"webhook": 120}
     assert max(max(sample.values(), default=0) for sample in sampler.samples) == 1
     assert max(len(sample) for sample in sampler.samples) == 3, "the three tenants ran at once"
+
+
+async def claim_times(database_url: str) -> dict[str, list[float]]:
+    """Every webhook job's claim time (seconds since the epoch, sorted), by tenant."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        rows = await connection.fetch(
+            "SELECT tenant, EXTRACT(EPOCH FROM claimed_at)::float8 AS at FROM job"
+            " WHERE task_type = 'webhook' ORDER BY claimed_at"
+        )
+    finally:
+        await connection.close()
+    times: dict[str, list[float]] = {}
+    for row in rows:
+        times.setdefault(row["tenant"], []).append(row["at"])
+    return times
+
+
+def busiest_window(times: list[float], seconds: float) -> int:
+    """The most of the sorted `times` within any window of `seconds`."""
+    most, start = 0, 0
+    for end, at in enumerate(times):
+        while at - times[start] > seconds:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
+async def test_a_rate_limit_hands_out_its_rate_on_every_replica(
+    replicas: tuple[httpx.AsyncClient, httpx.AsyncClient], clean_database: str
+) -> None:
+    first, second = replicas
+    await submit_many(first, "webhook", 1000)
+    reply = await put_limits(first, {"taskType": "webhook", "rate": 50, "burst": 10})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["limits"] == [bounds(taskType="webhook", rate=50.0, burst=10)]
+
+    # Two workers of 8 slots on each replica compete for the tokens.
+    _, done = await drain(
+        replicas, clean_database, 1000, hold=0.001, workers_per_replica=2, slots=8
+    )
+    assert done == {"webhook": 1000}
+    [times] = (await claim_times(clean_database)).values()
+    # The burst at once, then 50 a second: the other 990 take 19.8 s.
+    assert times[-1] - times[0] == pytest.approx(19.8, rel=0.10)
+    assert busiest_window(times, 0.1) <= 10 + 5
+    held = (await second.get("/metrics")).text + (await first.get("/metrics")).text
+    assert 'jobq_claims_held_back_total{queue="hooks",reason="rate",task_type="webhook"}' in held
+
+
+async def test_a_tenant_rate_limit_holds_each_tenant_to_its_own_rate(
+    replicas: tuple[httpx.AsyncClient, httpx.AsyncClient], clean_database: str
+) -> None:
+    first, _ = replicas
+    for tenant in ("acme", "globex"):
+        await submit_many(first, "webhook", 30, tenant=tenant)
+    limit = {"taskType": "webhook", "tenantRate": 10, "tenantBurst": 2}
+    assert (await put_limits(first, limit)).status_code == 200
+
+    _, done = await drain(replicas, clean_database, 60, hold=0.001, slots=8)
+    assert done == {"webhook": 60}
+    times = await claim_times(clean_database)
+    assert set(times) == {"acme", "globex"}
+    for tenant_times in times.values():
+        # Each tenant: 2 at once, then 10 a second (28 more in 2.8 s), whatever the other.
+        assert tenant_times[-1] - tenant_times[0] == pytest.approx(2.8, rel=0.15)
+        assert busiest_window(tenant_times, 0.1) <= 2 + 2
+    # Both tenants ran side by side: the whole drain took about as long as one tenant's.
+    every = sorted(at for tenant_times in times.values() for at in tenant_times)
+    assert every[-1] - every[0] < 2.8 * 1.3
 
 
 async def test_a_released_failed_or_expired_job_frees_its_slot_at_once(
@@ -214,7 +292,7 @@ async def test_a_released_failed_or_expired_job_frees_its_slot_at_once(
 async def test_limits_are_shown_recorded_persisted_and_removed(
     clean_database: str, redis_url: str
 ) -> None:
-    limits = [{"taskType": "webhook", "concurrency": 20, "tenantConcurrency": 3}]
+    limits = [bounds(taskType="webhook", concurrency=20, tenantConcurrency=3)]
     async with serving(create_app(replica_settings(clean_database, redis_url))) as client:
         await submit_many(client, "webhook", 1)
         reply = await client.put(
@@ -252,7 +330,14 @@ def limit(**fields: Any) -> dict[str, Any]:
         (limit(tenantConcurrency=0), "/limits/0/tenantConcurrency"),
         (limit(), "/limits/0"),
         (limit(concurrency=2, tenantConcurrency=3), "/limits/0"),
-        (limit(concurrency=2, rate=5), "/limits/0/rate"),
+        (limit(concurrency=2, rate="fast"), "/limits/0/rate"),
+        (limit(rate=0), "/limits/0/rate"),
+        (limit(rate=10**9), "/limits/0/rate"),
+        (limit(rate="NaN"), "/limits/0/rate"),
+        (limit(rate=5, burst=0), "/limits/0/burst"),
+        (limit(concurrency=2, burst=5), "/limits/0"),
+        (limit(tenantRate=2, tenantBurst=2.5), "/limits/0/tenantBurst"),
+        (limit(concurrency=2, speed=5), "/limits/0/speed"),
         ({"limits": [{"taskType": "Bad Name", "concurrency": 2}]}, "/limits/0/taskType"),
         ({"limits": [{"concurrency": 2}]}, "/limits/0/taskType"),
         ({"limits": [{"taskType": "a", "concurrency": 1}] * 2}, ""),
@@ -306,9 +391,7 @@ async def test_only_an_admin_of_every_tenant_sets_limits_through_the_producer(
         root = {"Authorization": f"Bearer {ROOT_KEY}"}
         allowed = await producer.put("/queues/hooks/limits", json=body, headers=root)
         assert allowed.status_code == 200, allowed.text
-        assert allowed.json()["limits"] == [
-            {"taskType": "noop", "concurrency": 2, "tenantConcurrency": None}
-        ]
+        assert allowed.json()["limits"] == [bounds(taskType="noop", concurrency=2)]
         key_id = hashlib.sha256(ROOT_KEY.encode()).hexdigest()[:12]
         assert allowed.json()["lastChange"]["by"] == f"admin:*:key-{key_id}"
         bad = await producer.put("/queues/hooks/limits", json=limit(concurrency=0), headers=root)
@@ -323,7 +406,7 @@ async def test_only_an_admin_of_every_tenant_sets_limits_through_the_producer(
                 with pytest.raises(InvalidInput):
                     client.set_limits("hooks", {"noop": {"concurrency": 0}})
                 with pytest.raises(InvalidInput):
-                    client.set_limits("hooks", {"noop": {"rate": 5}})
+                    client.set_limits("hooks", {"noop": {"speed": 5}})
                 return state
 
         state = await asyncio.to_thread(through_the_client)
