@@ -231,20 +231,18 @@ class QueueServiceClient:
 
     async def set_limits(self, queue: str, request: LimitsRequest, actor: str) -> QueueState:
         """`PUT /queues/{queue}/limits` on the queue service, recorded as done by `actor`."""
-        reply = await self._call(
-            "PUT",
-            f"/queues/{queue}/limits",
-            request,
-            deadline=self._timeout,
-            headers={ACTOR_HEADER: actor},
-        )
-        return decode(reply, QueueState)
+        return await self._put_control(queue, "limits", request, actor)
 
     async def set_weights(self, queue: str, request: WeightsRequest, actor: str) -> QueueState:
         """`PUT /queues/{queue}/weights` on the queue service, recorded as done by `actor`."""
+        return await self._put_control(queue, "weights", request, actor)
+
+    async def _put_control(
+        self, queue: str, what: str, request: LimitsRequest | WeightsRequest, actor: str
+    ) -> QueueState:
         reply = await self._call(
             "PUT",
-            f"/queues/{queue}/weights",
+            f"/queues/{queue}/{what}",
             request,
             deadline=self._timeout,
             headers={ACTOR_HEADER: actor},

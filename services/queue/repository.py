@@ -671,30 +671,25 @@ ON CONFLICT (queue) DO UPDATE
 RETURNING {_CONTROL_COLUMNS}
 """
 
-# Replace a queue's concurrency limits ($2, jsonb) for a queue that has jobs or a state already,
-# recorded as a change; a pause is kept. No row comes back for a queue nobody knows.
-_SET_LIMITS = f"""
-INSERT INTO queue_control AS control (queue, limits, changed_at, changed_by, change)
-SELECT $1::text, $2::jsonb, statement_timestamp(), $3::text, 'limits'
+
+def _set_control(column: str) -> str:
+    """SQL replacing a queue's `column` of queue_control (`limits` or `weights`) with $2
+    (jsonb), for a queue that has jobs or a state already, recorded as the change `column` by
+    $3; a pause is kept. No row comes back for a queue nobody knows."""
+    return f"""
+INSERT INTO queue_control AS control (queue, {column}, changed_at, changed_by, change)
+SELECT $1::text, $2::jsonb, statement_timestamp(), $3::text, '{column}'
 WHERE EXISTS (SELECT FROM job WHERE queue = $1::text)
    OR EXISTS (SELECT FROM queue_control WHERE queue = $1::text)
 ON CONFLICT (queue) DO UPDATE
-    SET limits = EXCLUDED.limits, changed_at = EXCLUDED.changed_at,
+    SET {column} = EXCLUDED.{column}, changed_at = EXCLUDED.changed_at,
         changed_by = EXCLUDED.changed_by, change = EXCLUDED.change
 RETURNING {_CONTROL_COLUMNS}
 """
 
-# Replace a queue's tenant weights ($2, jsonb) like _SET_LIMITS its limits.
-_SET_WEIGHTS = f"""
-INSERT INTO queue_control AS control (queue, weights, changed_at, changed_by, change)
-SELECT $1::text, $2::jsonb, statement_timestamp(), $3::text, 'weights'
-WHERE EXISTS (SELECT FROM job WHERE queue = $1::text)
-   OR EXISTS (SELECT FROM queue_control WHERE queue = $1::text)
-ON CONFLICT (queue) DO UPDATE
-    SET weights = EXCLUDED.weights, changed_at = EXCLUDED.changed_at,
-        changed_by = EXCLUDED.changed_by, change = EXCLUDED.change
-RETURNING {_CONTROL_COLUMNS}
-"""
+
+_SET_LIMITS = _set_control("limits")
+_SET_WEIGHTS = _set_control("weights")
 
 # New limits start with full token buckets.
 _RESET_BUCKETS = "DELETE FROM rate_bucket WHERE queue = $1::text"

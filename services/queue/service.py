@@ -121,6 +121,24 @@ def _ack_rows(entries: Sequence[AckEntry]) -> list[tuple[uuid.UUID, uuid.UUID, A
     ]
 
 
+def _recorded(
+    queue: str, what: str, value: Any, actor: str, state: QueueState | None
+) -> QueueState:
+    """`state`, the state of `queue` after `actor` set its `what` (`limits`, `weights`) to
+    `value`, which is logged. Raises QueueNotFound when there was no such queue (None)."""
+    if state is None:
+        raise QueueNotFound(f"queue {queue!r} has no job and was never changed; check its name")
+    logger.warning(
+        "queue %s %s set by %s: %s",
+        queue,
+        what,
+        actor,
+        msgspec.json.encode(value).decode(),
+        extra={"event": f"queue_{what}", "queue": queue},
+    )
+    return state
+
+
 def _limited_by_queue(states: list[QueueState]) -> dict[str, tuple[str, ...]]:
     """The task types each queue limits, in name order, for the queues that limit any."""
     return {
@@ -669,16 +687,8 @@ class QueueService:
         released or whose lease expires frees its slot at once. Raises QueueNotFound for a
         queue that has no job and no state, ServiceUnavailable when the database is."""
         state = await self._repository.set_limits(queue, limits, actor)
-        if state is None:
-            raise QueueNotFound(f"queue {queue!r} has no job and was never changed; check its name")
+        state = _recorded(queue, "limits", limits, actor, state)
         self._limited_read_at = -math.inf
-        logger.warning(
-            "queue %s limits set by %s: %s",
-            queue,
-            actor,
-            msgspec.json.encode(limits).decode(),
-            extra={"event": "queue_limits", "queue": queue},
-        )
         return state
 
     async def set_weights(
@@ -689,16 +699,7 @@ class QueueService:
         the next claim on. Raises QueueNotFound for a queue that has no job and no state,
         ServiceUnavailable when the database is."""
         state = await self._repository.set_weights(queue, weights, actor)
-        if state is None:
-            raise QueueNotFound(f"queue {queue!r} has no job and was never changed; check its name")
-        logger.warning(
-            "queue %s weights set by %s: %s",
-            queue,
-            actor,
-            msgspec.json.encode(weights).decode(),
-            extra={"event": "queue_weights", "queue": queue},
-        )
-        return state
+        return _recorded(queue, "weights", weights, actor, state)
 
     async def redrive(
         self,
