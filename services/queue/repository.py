@@ -594,11 +594,17 @@ FROM room CROSS JOIN LATERAL (
            (SELECT n FROM pair_tokens) - (SELECT count(*) FROM claimed) AS tokens_left,
            EXISTS (SELECT FROM buckets WHERE buckets.tenant <> '' AND buckets.tokens < 1)
                AS tenants_out,
-           -- Jobs of the pair this claim left waiting.
-           (SELECT id FROM job WHERE status = 'PENDING' AND queue = $1::text
-                                  AND task_type = $2::text
-                                  AND id <> ALL(ARRAY(SELECT id FROM walked))
-            ORDER BY priority DESC, ready_at, id LIMIT 1) IS NOT NULL AS waiting
+           -- Jobs of the pair this claim left waiting: looked for only when the room cut
+           -- the walk or a tenant's bucket is empty (else the walk found every one, and a
+           -- queue without jobs of the pair would be read whole at each claim).
+           CASE WHEN (SELECT count(*) FROM walked) < room.n
+                     AND NOT EXISTS (SELECT FROM buckets
+                                     WHERE buckets.tenant <> '' AND buckets.tokens < 1)
+                THEN false
+                ELSE (SELECT id FROM job WHERE status = 'PENDING' AND queue = $1::text
+                                          AND task_type = $2::text
+                                          AND id <> ALL(ARRAY(SELECT id FROM walked))
+                      ORDER BY priority DESC, ready_at, id LIMIT 1) IS NOT NULL END AS waiting
 ) AS held
 """
 
