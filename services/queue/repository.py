@@ -1470,15 +1470,16 @@ class JobRepository:
     async def claim(
         self, queues: Sequence[str], worker: str, max_jobs: int, visibility_timeout: int
     ) -> list[Claimed]:
-        """Claim up to `max_jobs` PENDING jobs from `queues` in one statement, shared between
-        the flows (queue, tenant) with ready jobs in proportion to their weights
-        (`queue_control.weights`, 1 for a tenant not named) and topped up in claim order when
-        a flow has fewer than its share (docs/architecture.md#fair-shares).
+        """Claim up to `max_jobs` PENDING jobs from `queues` in one statement: the walk of each
+        queue in claim order, or, for queues this replica saw several tenants with ready jobs
+        in, the fair claim, shared between the flows (queue, tenant) in proportion to their
+        weights (`queue_control.weights`, 1 for a tenant not named) and topped up in claim
+        order when a flow has fewer than its share (docs/architecture.md#fair-shares).
 
         Each claimed job becomes PROCESSING with `attempts + 1`, a new receipt handle and a
         lease ending `visibility_timeout` seconds from now (database time). Returns them in
-        claim order: the fair picks first (within a flow: priority descending, then the time
-        each became ready, then id), then the top-ups in that order.
+        claim order: priority descending, then the time each became ready, then id; for a
+        fair claim the fair picks first (in that order within a flow), then the top-ups.
         """
         names = list(dict.fromkeys(queues))
         fair = self._fair(names)
