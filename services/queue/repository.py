@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -352,14 +353,20 @@ picked AS (
           ORDER BY claimed.queue, claimed.rank) AS first_claimed
 )"""
 
-# The claimed rows, then one row per queue of the probe (`id` NULL, `shared`).
-_CLAIM_WALK_ROWS = """
+
+def _claim_rows(shared: str) -> str:
+    """The claimed rows, then one row per queue of `shared` (an SQL relation of `queue` and
+    `shared`, whether another tenant's ready jobs can be claimed there), its `id` NULL."""
+    return f"""
 SELECT id, task_type, payload_json, attempts, max_attempts, timeout_seconds, lease_id,
        visible_at, idempotency_key, rank, queue, tenant, flow, NULL::bool AS shared
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, queue, NULL, NULL, shared
-FROM probe"""
+FROM {shared}"""
+
+
+_CLAIM_WALK_ROWS = _claim_rows("probe")
 
 
 # The claim of queues where several tenants have ready jobs (`JobRepository._shared`) shares
@@ -367,7 +374,8 @@ FROM probe"""
 # weights (docs/architecture.md#fair-shares), and walks the indexes in their own order
 # throughout, so its cost is O(flows x max) however long the backlog:
 # 1. `flows`: per queue asked for (not paused; one primary-key probe of the small
-#    queue_control table), up to `max` tenants with PENDING jobs, found by a loose index scan
+#    queue_control table), up to `max` (at least 2) tenants with PENDING jobs, found by a
+#    loose index scan
 #    of ix_job_claim_tenant (one descent per tenant), starting after the tenant this replica
 #    served last in the queue (the cursor, $cursors) and wrapping round, so every tenant gets
 #    its turn however many there are.
@@ -398,7 +406,7 @@ wanted AS (
     UNION ALL
     SELECT flows.queue, flows.cursor_tenant, flows.limits, flows.weights, flows.n + 1, next.*
     FROM flows CROSS JOIN LATERAL {next} AS next
-    WHERE flows.n < $2
+    WHERE flows.n < GREATEST($2, 2)
 ), shares AS (
     SELECT flows.queue, flows.tenant, flows.n AS flow, flows.priority, flows.ready_at,
            flows.id, flows.limits, weighed.weight, random() AS offset_u,
@@ -460,6 +468,14 @@ wanted AS (
           UNION ALL
           SELECT id, NULL, 1, nth FROM topped) AS both_kinds
 ), {claimed}"""
+
+
+# A fair claim's queue stays shared while the walks of two flows or more found jobs to claim:
+# a tenant whose ready jobs are all of limited task types, or all locked by other claimers,
+# does not count.
+_CLAIM_FAIR_ROWS = _claim_rows(
+    "(SELECT queue, count(DISTINCT flow) >= 2 AS shared FROM walked GROUP BY queue) AS spread"
+)
 
 
 def _fair_claim_ctes(cursors: str) -> str:
@@ -534,6 +550,12 @@ WITH control AS (
            control.concurrency - (SELECT COALESCE(sum(n), 0) FROM running)::int
                AS concurrency_room
     FROM control
+), excluded AS (
+    -- Tenants the walk skips: at their tenantConcurrency, or out of tenantRate tokens.
+    SELECT running.tenant FROM running, control WHERE running.n >= control.per_tenant
+    UNION ALL
+    SELECT buckets.tenant FROM buckets, control
+    WHERE buckets.tenant <> '' AND buckets.tokens < 1 AND control.tenant_rate IS NOT NULL
 ), walked AS (
     SELECT candidate.*,
            row_number() OVER (PARTITION BY candidate.tenant
@@ -541,12 +563,7 @@ WITH control AS (
                                        candidate.id) AS nth
     FROM (SELECT id, tenant, priority, ready_at FROM job
           WHERE status = 'PENDING' AND queue = $1::text AND task_type = $2::text
-            AND tenant <> ALL(ARRAY(SELECT running.tenant FROM running, control
-                                    WHERE running.n >= control.per_tenant
-                                    UNION ALL
-                                    SELECT buckets.tenant FROM buckets, control
-                                    WHERE buckets.tenant <> '' AND buckets.tokens < 1
-                                      AND control.tenant_rate IS NOT NULL))
+            AND tenant <> ALL(ARRAY(SELECT tenant FROM excluded))
           ORDER BY priority DESC, ready_at, id
           LIMIT COALESCE((SELECT n FROM room), 0)
           FOR UPDATE SKIP LOCKED) AS candidate
@@ -574,6 +591,15 @@ WITH control AS (
     GROUP BY claimed.tenant
     ON CONFLICT (queue, task_type, tenant) DO UPDATE
         SET tokens = EXCLUDED.tokens, updated_at = EXCLUDED.updated_at
+), pruned AS (
+    -- A tenant's bucket refilled to its burst is the same as none: its row goes, so the
+    -- pair keeps rows only for tenants served within the last tenantBurst / tenantRate
+    -- seconds, and each claim reads no more.
+    DELETE FROM rate_bucket AS bucket USING buckets, control
+    WHERE bucket.queue = $1::text AND bucket.task_type = $2::text
+      AND bucket.tenant = buckets.tenant AND buckets.tenant <> ''
+      AND buckets.tokens >= control.tenant_burst
+      AND buckets.tenant <> ALL(ARRAY(SELECT tenant FROM claimed))
 )
 SELECT id, task_type, payload_json, attempts, max_attempts, timeout_seconds, lease_id,
        visible_at, idempotency_key, rank, queue, tenant, flow,
@@ -592,14 +618,13 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
 FROM room CROSS JOIN LATERAL (
     SELECT (SELECT count(*) FROM claimed) AS claimed, (SELECT count(*) FROM walked) AS walked,
            (SELECT n FROM pair_tokens) - (SELECT count(*) FROM claimed) AS tokens_left,
-           EXISTS (SELECT FROM buckets WHERE buckets.tenant <> '' AND buckets.tokens < 1)
-               AS tenants_out,
-           -- Jobs of the pair this claim left waiting: looked for only when the room cut
-           -- the walk or a tenant's bucket is empty (else the walk found every one, and a
-           -- queue without jobs of the pair would be read whole at each claim).
-           CASE WHEN (SELECT count(*) FROM walked) < room.n
-                     AND NOT EXISTS (SELECT FROM buckets
-                                     WHERE buckets.tenant <> '' AND buckets.tokens < 1)
+           EXISTS (SELECT FROM excluded) AS tenants_out,
+           -- Jobs of the pair this claim left waiting: those it walked but did not claim,
+           -- else looked for only when the room cut the walk or the walk skipped tenants
+           -- (else it found every one, and a queue without jobs of the pair would be read
+           -- whole at each claim).
+           CASE WHEN (SELECT count(*) FROM claimed) < (SELECT count(*) FROM walked) THEN true
+                WHEN (SELECT count(*) FROM walked) < room.n AND NOT EXISTS (SELECT FROM excluded)
                 THEN false
                 ELSE (SELECT id FROM job WHERE status = 'PENDING' AND queue = $1::text
                                           AND task_type = $2::text
@@ -630,7 +655,7 @@ entries AS (
 
 _CLAIM = f"WITH {_CLAIM_WALK_CTES} {_CLAIM_WALK_ROWS}"
 
-_CLAIM_FAIR = f"WITH RECURSIVE {_fair_claim_ctes('$5')} SELECT * FROM claimed"
+_CLAIM_FAIR = f"WITH RECURSIVE {_fair_claim_ctes('$5')} {_CLAIM_FAIR_ROWS}"
 
 _ACK = f"WITH {_ACK_CTES.format(ids='$1', handles='$2', results='$3')} SELECT * FROM acked"
 
@@ -654,9 +679,7 @@ FROM acked
 
 
 _ACK_AND_CLAIM = _ack_and_claim(_CLAIM_WALK_CTES, _CLAIM_WALK_ROWS)
-_ACK_AND_CLAIM_FAIR = _ack_and_claim(
-    _fair_claim_ctes("$8"), "SELECT *, NULL::bool AS shared FROM claimed", "RECURSIVE "
-)
+_ACK_AND_CLAIM_FAIR = _ack_and_claim(_fair_claim_ctes("$8"), _CLAIM_FAIR_ROWS, "RECURSIVE ")
 
 _LEASES = "SELECT id, lease_id, status FROM job WHERE id = ANY($1::uuid[])"
 
@@ -697,8 +720,15 @@ RETURNING {_CONTROL_COLUMNS}
 _SET_LIMITS = _set_control("limits")
 _SET_WEIGHTS = _set_control("weights")
 
-# New limits start with full token buckets.
-_RESET_BUCKETS = "DELETE FROM rate_bucket WHERE queue = $1::text"
+# After a queue's limits ($2, jsonb) change, the buckets of bounds that are gone (a task type
+# no longer limited, a `rate` or `tenantRate` removed) go with them; the others keep their
+# tokens (a lower burst caps them when next read), so editing a limit is no refill.
+_DROP_BUCKETS = """
+DELETE FROM rate_bucket AS bucket
+WHERE bucket.queue = $1::text
+  AND (($2::jsonb -> bucket.task_type ->> CASE WHEN bucket.tenant = '' THEN 'rate'
+                                               ELSE 'tenantRate' END) IS NULL)
+"""
 
 # A resumed queue's long polls, on every replica, are woken to claim at once.
 _WAKE_ALL = f"SELECT pg_notify('{WAKEUP_CHANNEL}', $1::text || ':' || {INT_MAX})"
@@ -1269,6 +1299,12 @@ class LimitedClaim:
 _CURSORS_KEPT = 10_000
 """Queues whose fair-claim cursor a replica keeps; past it they all start again."""
 
+SHARING_HOLD = 1.0
+"""Seconds a replica walks a queue its fair claim found one flow left to claim in before the
+walk's probe may share it again: a tenant whose ready jobs all wait for a limit (or are
+locked by other claimers) is seen by the probe but not claimable, and would otherwise flip
+the queue between the two statements at every claim."""
+
 
 class JobRepository:
     """PostgreSQL access for jobs, over an asyncpg pool (see `create_pool`).
@@ -1293,6 +1329,8 @@ class JobRepository:
         self._cursors: dict[str, str] = {}
         # Queues this replica saw several tenants with ready jobs in: their claims are shared.
         self._shared: set[str] = set()
+        # Queues a fair claim unshared, until when (time.monotonic()) the probe is not heeded.
+        self._walk_until: dict[str, float] = {}
         self._claimed_by_tenant: dict[tuple[str, str], int] = {}
 
     def _cursors_of(self, queues: Sequence[str]) -> list[str | None]:
@@ -1309,11 +1347,13 @@ class JobRepository:
         self, rows: Sequence[asyncpg.Record], queues: Sequence[str], fair: bool
     ) -> list[asyncpg.Record]:
         """The claimed jobs' rows of a claim of `queues` (the fair statement's when `fair`),
-        after counting them by (queue, tenant) and learning from them which queues to share:
-        a queue the walk's probe found another tenant in is shared from the next claim on; a
-        queue whose fair claim served one flow or none is walked again (its probe tells when
-        to share it again). Each shared queue's cursor moves to the tenant of the last flow
-        (in window order) the fair claim served, so the next window starts after it."""
+        after counting them by (queue, tenant) and learning which queues to share from the
+        rows without an id (`queue`, `shared`): a queue the walk's probe found another tenant
+        in is shared from the next claim on (unless a fair claim unshared it less than
+        SHARING_HOLD seconds ago); a queue where the fair claim's walks found jobs of one
+        flow or none is walked again. Each shared queue's cursor moves to the tenant of the
+        last flow (in window order) the fair claim served, so the next window starts after
+        it."""
         claimed = [row for row in rows if row["id"] is not None]
         counts = self._claimed_by_tenant
         last: dict[str, tuple[int, str]] = {}
@@ -1323,21 +1363,38 @@ class JobRepository:
             flow = row["flow"]
             if flow is not None and flow >= last.get(row["queue"], (0, ""))[0]:
                 last[row["queue"]] = (flow, row["tenant"])
+        self._learn_sharing(
+            {row["queue"] for row in rows if row["id"] is None and row["shared"]}, queues, fair
+        )
         if fair:
-            for queue in queues:
-                if last.get(queue, (0, ""))[0] <= 1:
-                    self._shared.discard(queue)
             if len(self._cursors) + len(last) > _CURSORS_KEPT:
                 self._cursors.clear()  # bounded: asked-for queue names come from workers
             for queue, (_, tenant) in last.items():
                 self._cursors[queue] = tenant
-        else:
-            for row in rows:
-                if row["id"] is None and row["shared"]:
-                    if len(self._shared) >= _CURSORS_KEPT:
-                        self._shared.clear()
-                    self._shared.add(row["queue"])
         return claimed
+
+    def _learn_sharing(self, spread: set[str], queues: Sequence[str], fair: bool) -> None:
+        """After a claim of `queues` (the fair statement when `fair`) that found claimable
+        jobs of several tenants in the queues `spread`: share those, and after a fair claim,
+        walk the other shared ones of `queues` again, not heeding the probe for them for
+        SHARING_HOLD seconds."""
+        now = time.monotonic()
+        if len(self._shared) + len(spread) > _CURSORS_KEPT:
+            self._shared.clear()  # bounded: asked-for queue names come from workers
+        if not fair:
+            for queue in spread:
+                if self._walk_until.get(queue, 0.0) <= now:
+                    self._walk_until.pop(queue, None)
+                    self._shared.add(queue)
+            return
+        for queue in queues:
+            if queue in spread:
+                self._shared.add(queue)
+            elif queue in self._shared:
+                self._shared.discard(queue)
+                if len(self._walk_until) >= _CURSORS_KEPT:
+                    self._walk_until.clear()
+                self._walk_until[queue] = now + SHARING_HOLD
 
     def take_claimed_by_tenant(self) -> dict[tuple[str, str], int]:
         """The jobs this replica handed out since the last call, by (queue, tenant)."""
@@ -1766,11 +1823,12 @@ ORDER BY id DESC"""
         self, queue: str, limits: Sequence[ConcurrencyLimit], actor: str
     ) -> QueueState | None:
         """Replace `queue`'s limits with `limits` (one per task type; empty: none), recording
-        `actor` as who did it, refill its token buckets (their rows removed), and wake the
+        `actor` as who did it, drop the token buckets of rate bounds that are gone (the
+        others keep their tokens, capped by a lower burst when next read), and wake the
         queue's long polls on every replica (a raised or removed limit may let jobs run at
-        once). Stored as one jsonb object keyed by
-        task type, which the claim probes (`?`). Returns the queue's state after the change;
-        None, changing nothing, for a queue that has no job and no state."""
+        once). Stored as one jsonb object keyed by task type, which the claim probes (`?`).
+        Returns the queue's state after the change; None, changing nothing, for a queue that
+        has no job and no state."""
         stored = {
             limit.task_type: {
                 "concurrency": limit.concurrency,
@@ -1785,7 +1843,7 @@ ORDER BY id DESC"""
         async with self._connection() as conn, conn.transaction():
             row = await conn.fetchrow(_SET_LIMITS, queue, stored, actor)
             if row is not None:
-                await conn.execute(_RESET_BUCKETS, queue)
+                await conn.execute(_DROP_BUCKETS, queue, stored)
                 await conn.execute(_WAKE_ALL, queue)
         return None if row is None else _to_state(row)
 

@@ -164,6 +164,16 @@ def _distinct_ids(ids: Sequence[uuid.UUID], pointer: str = "/entries") -> None:
         )
 
 
+def soonest_token(known: float | None, due: float, now: float) -> float:
+    """When a queue's long polls should next wake for a token: the sooner of the `known` time
+    (None: none) and a bucket's next token `due`, unless `known` has passed (at `now`; all
+    `time.monotonic()` seconds): a claim ran after it and spent that token, so it would wake
+    the polls at once for a token nobody holds."""
+    if known is None or known <= now:
+        return due
+    return min(known, due)
+
+
 class QueueService:
     """Queue operations over a `JobRepository`, with long polling through a `WakeupHub`."""
 
@@ -438,8 +448,10 @@ class QueueService:
             return
         self._metrics.claims_held_back.labels(queue, task_type, claim.held_by).inc()
         if claim.wait_seconds is not None:
-            due = time.monotonic() + max(0.001, claim.wait_seconds)
-            self._token_due[queue] = min(due, self._token_due.get(queue, math.inf))
+            now = time.monotonic()
+            self._token_due[queue] = soonest_token(
+                self._token_due.get(queue), now + max(0.001, claim.wait_seconds), now
+            )
 
     def _wait_slice(self, queues: Sequence[str], remaining: float) -> float:
         """How long a long poll on `queues` waits for a wake-up before claiming again: the

@@ -14,11 +14,11 @@ import asyncpg
 import httpx
 import pytest
 
-from common.contracts import TenantWeight
+from common.contracts import ConcurrencyLimit, TenantWeight
 from jobq import Client
 from jobq.errors import InvalidInput
 from services.queue.app import create_app
-from services.queue.repository import JobRepository
+from services.queue.repository import SHARING_HOLD, JobRepository
 from tests.conftest import guarded_services, serving
 from tests.helpers import new_job
 from tests.integration.conftest import replica_settings
@@ -137,6 +137,48 @@ async def test_every_one_of_many_tenants_gets_its_turn(
     # ever).
     assert served[0] == {"t000", "t001"}
     assert set().union(*served) == {f"t{n:03}" for n in range(100)}
+
+
+async def test_claims_of_one_job_keep_sharing_between_two_tenants(
+    repository: JobRepository, clean_database: str
+) -> None:
+    await backlog(clean_database, "early", 200)
+    await backlog(clean_database, "late", 200)
+    served: Counter[str] = Counter()
+    for _ in range(1 + 100):
+        [job] = await repository.claim(["default"], "w", 1, 30)
+        served.update(await _tenants(clean_database, [job.id]))
+    # The first claim walks the queue (an early job) and learns it is shared; a fair claim's
+    # window holds two tenants however small the batch, so the queue stays shared and each
+    # claim of one job goes to either tenant (by the random offsets, one in two). Walked, or
+    # flipping between the statements, every one would be early's.
+    assert served["late"] >= 30, served
+    assert served["early"] >= 30, served
+
+
+async def test_a_tenant_whose_jobs_all_wait_for_a_limit_does_not_keep_the_queue_shared(
+    repository: JobRepository, clean_database: str
+) -> None:
+    await backlog(clean_database, "busy", 200)
+    for _ in range(5):
+        assert await repository.insert(new_job("slow", tenant="waits"))
+    limit = ConcurrencyLimit(task_type="slow", concurrency=1)
+    assert await repository.set_limits("default", [limit], "test")
+
+    await repository.claim(["default"], "w", 8, 30)
+    # The walk's probe saw "waits"' ready jobs: the next claim is fair.
+    assert repository._fair(["default"])
+    await repository.claim(["default"], "w", 8, 30)
+    # Its walks found jobs of "busy" alone ("waits"' are left to the limited claim): the
+    # queue is walked again, and the probe, which still sees "waits", is not heeded for
+    # SHARING_HOLD seconds, so the queue does not flip between the statements at each claim.
+    assert not repository._fair(["default"])
+    await repository.claim(["default"], "w", 8, 30)
+    assert not repository._fair(["default"])
+    # Once the hold has passed, the probe is heeded again.
+    await asyncio.sleep(SHARING_HOLD)
+    await repository.claim(["default"], "w", 8, 30)
+    assert repository._fair(["default"])
 
 
 async def test_weights_are_shown_recorded_persisted_and_removed(

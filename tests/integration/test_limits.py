@@ -15,11 +15,13 @@ import asyncpg
 import httpx
 import pytest
 
+from common.contracts import ConcurrencyLimit
 from jobq import Client
 from jobq.errors import InvalidInput
 from services.queue.app import create_app
+from services.queue.repository import JobRepository
 from tests.conftest import guarded_services, serving
-from tests.helpers import eventually
+from tests.helpers import eventually, new_job
 from tests.integration.conftest import replica_settings
 from tests.integration.test_pause import ACME_ADMIN, ACME_SUBMIT, KEYS, ROOT_KEY, queue_entry
 
@@ -450,3 +452,66 @@ async def test_a_claim_carrying_acks_gets_the_slot_its_acks_freed(
     reply = await first.post("/jobs/next", json=claim)
     assert reply.status_code == 200 and reply.json()["jobs"] == []
     assert [ack["status"] for ack in reply.json()["acks"]] == [200]
+
+
+async def _buckets(database_url: str) -> dict[str, float]:
+    """The rows of rate_bucket, tenant ('' for the pair's) to tokens at their last write."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        rows = await connection.fetch("SELECT tenant, tokens FROM rate_bucket")
+    finally:
+        await connection.close()
+    return {row["tenant"]: row["tokens"] for row in rows}
+
+
+async def test_full_tenant_buckets_are_dropped_and_an_edit_is_no_refill(
+    repository: JobRepository, clean_database: str
+) -> None:
+    for _ in range(4):
+        for tenant in ("acme", "globex"):
+            assert await repository.insert(new_job("webhook", "hooks", tenant=tenant))
+    slow_pair = ConcurrencyLimit(
+        task_type="webhook", rate=0.01, burst=3, tenant_rate=1000, tenant_burst=2
+    )
+    assert await repository.set_limits("hooks", [slow_pair], "test")
+
+    first = await repository.claim_limited("hooks", "webhook", "w", 10, 30)
+    # The pair's burst of 3, at most 2 of a tenant; both tenants' buckets were spent.
+    assert len(first.jobs) == 3 and first.held_by == "rate"
+    assert set(await _buckets(clean_database)) == {"", "acme", "globex"}
+    await asyncio.sleep(0.05)  # the tenants' buckets refill (1000/s), the pair's does not
+    second = await repository.claim_limited("hooks", "webhook", "w", 10, 30)
+    assert second.jobs == [] and second.held_by == "rate"
+    # Full again, the tenants' rows are gone (no row is a full bucket): the pair keeps rows
+    # only for tenants served lately, however many it ever served.
+    assert set(await _buckets(clean_database)) == {""}
+
+    # Editing the limit (a concurrency bound added) keeps the pair's spent tokens.
+    edited = ConcurrencyLimit(
+        task_type="webhook", concurrency=50, rate=0.01, burst=3, tenant_rate=1000, tenant_burst=2
+    )
+    assert await repository.set_limits("hooks", [edited], "test")
+    assert (await _buckets(clean_database))[""] < 1
+    third = await repository.claim_limited("hooks", "webhook", "w", 10, 30)
+    assert third.jobs == [] and third.held_by == "rate"
+    # Removing the rate drops its bucket: a rate set again starts full.
+    unrated = ConcurrencyLimit(task_type="webhook", concurrency=50)
+    assert await repository.set_limits("hooks", [unrated], "test")
+    assert await _buckets(clean_database) == {}
+
+
+async def test_a_claim_held_back_by_a_tenant_at_its_concurrency_says_so(
+    repository: JobRepository,
+) -> None:
+    for _ in range(3):
+        assert await repository.insert(new_job("webhook", "hooks", tenant="acme"))
+    limit = ConcurrencyLimit(task_type="webhook", tenant_concurrency=1)
+    assert await repository.set_limits("hooks", [limit], "test")
+
+    first = await repository.claim_limited("hooks", "webhook", "w", 5, 30)
+    assert len(first.jobs) == 1 and first.held_by == "tenant"
+    # acme is at its bound, so the walk skips it and finds nothing: still held by the tenant
+    # bound, with acme's two jobs waiting.
+    second = await repository.claim_limited("hooks", "webhook", "w", 5, 30)
+    assert second.jobs == [] and second.held_by == "tenant"
+    assert second.wait_seconds is None
