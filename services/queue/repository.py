@@ -375,10 +375,9 @@ _CLAIM_WALK_ROWS = _claim_rows("probe")
 # throughout, so its cost is O(flows x max) however long the backlog:
 # 1. `flows`: per queue asked for (not paused; one primary-key probe of the small
 #    queue_control table), up to `max` (at least 2) tenants with PENDING jobs, found by a
-#    loose index scan
-#    of ix_job_claim_tenant (one descent per tenant), starting after the tenant this replica
-#    served last in the queue (the cursor, $cursors) and wrapping round, so every tenant gets
-#    its turn however many there are.
+#    loose index scan of ix_job_claim_tenant (one descent per tenant), starting after the
+#    tenant this replica served last in the queue (the cursor, $cursors) and wrapping round,
+#    so every tenant gets its turn however many there are.
 # 2. `walked`: of each flow at most its share of `max` (ceil(max x weight / total weight))
 #    jobs in claim order (priority first, then the time each became ready), each
 #    walk cut by its LIMIT right above the index scan, rows locked by other claimers skipped.
