@@ -116,6 +116,17 @@ class Job(Base):
             "id",
             postgresql_where=text("status = 'PENDING'"),
         ),
+        # The claim of a limited task type walks the pair's ready jobs in claim order
+        # (docs/architecture.md#flow-control).
+        Index(
+            "ix_job_claim_type",
+            "queue",
+            "task_type",
+            text("priority DESC"),
+            "ready_at",
+            "id",
+            postgresql_where=text("status = 'PENDING'"),
+        ),
         Index("ix_job_scheduler", "visible_at", postgresql_where=text("status = 'SCHEDULED'")),
         Index("ix_job_reaper", "visible_at", postgresql_where=text("status = 'PROCESSING'")),
         Index(

@@ -504,7 +504,7 @@ _LOCK_LIMIT = (
 # At most `concurrency` PROCESSING jobs of the pair and `tenantConcurrency` of one tenant, and
 # no more handed out than the pair's token bucket (`rate` per second, `burst` at most) and
 # each tenant's (`tenantRate`, `tenantBurst`) hold: the room left (`room`) bounds the walk
-# (ix_job_claim, filtered on the task type, in claim order); tenants at their bound or out of
+# (ix_job_claim_type: the pair's jobs in claim order); tenants at their bound or out of
 # tokens are skipped by it, and of each other tenant no more rows are taken than it has slots
 # and tokens left. The buckets (`rate_bucket`, no row: full) are refilled on read, as
 # `tokens + rate x seconds since`, and what the claim took is spent in the same statement,
@@ -736,7 +736,7 @@ _CONTROLS = f"SELECT {_CONTROL_COLUMNS} FROM queue_control ORDER BY queue"
 
 # Each limited (queue, task type) with its limit, its PROCESSING jobs (found through
 # ix_job_reaper, the partial index of PROCESSING jobs), its PENDING ones (through
-# ix_job_claim, at most $1 of them counted) and the tokens of its rate bucket (NULL: no rate).
+# ix_job_claim_type, at most $1 of them counted) and the tokens of its rate bucket (NULL: no rate).
 _LIMIT_READINGS = """
 SELECT control.queue, limited.task_type, (limited.bounds ->> 'concurrency')::int AS concurrency,
        (SELECT count(*) FROM job WHERE status = 'PROCESSING' AND queue = control.queue

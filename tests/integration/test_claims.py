@@ -182,6 +182,30 @@ async def test_the_fair_claim_is_an_ordered_index_walk_per_flow_for_any_number_o
         assert "queue_control" in plan, "a paused queue is filtered in the claim itself"
 
 
+async def test_the_limited_claim_walks_the_pairs_own_index(clean_database: str) -> None:
+    connection = await asyncpg.connect(clean_database)
+    try:
+        await _fill(connection)
+        # A queue of several task types (a limit on one of them): the backlog's 10,000 noop
+        # jobs and as many of another type.
+        await connection.execute(
+            "INSERT INTO job (id, tenant, queue, task_type, payload, status, max_attempts,"
+            " visible_at) SELECT gen_random_uuid(), 't0', 'default', 'email', '{}', 'PENDING',"
+            " 5, now() FROM generate_series(1, 10000)"
+        )
+        await connection.execute("ANALYZE job")
+        plan = await _generic_plan(
+            connection, CLAIM_LIMITED_STATEMENT, "'default', 'webhook', 16, 'w', 30"
+        )
+    finally:
+        await connection.close()
+    # Its walk, and the look for jobs it left waiting, descend the pair's index: a limited
+    # type with no ready jobs costs a descent, not a read of the queue's whole backlog of
+    # other types (ix_job_claim filtered on the task type did).
+    assert "using ix_job_claim_type" in plan, plan
+    assert "using ix_job_claim on" not in plan, plan
+
+
 @pytest.mark.parametrize(
     ("name", "statement", "args"),
     [
