@@ -501,6 +501,18 @@ _LOCK_LIMIT = (
     "SELECT pg_try_advisory_xact_lock(hashtextextended('jobq.limit:' || $1 || '/' || $2, 0))"
 )
 
+# The PENDING jobs of the pair ($1 queue, $2 task type), found through ix_job_claim_type. The
+# range on the task type, the same value as its equality, says nothing new, but it makes
+# PostgreSQL's estimate of the pair's share of the queue small (a range of unknown bounds is
+# estimated at 0.5 %): the generic plan of a table whose jobs are nearly all of one type
+# estimates `task_type = $2` at 100 % and would walk ix_job_claim filtered on the type as
+# cheaply, reading the queue's whole backlog of other types when the pair has few ready jobs
+# or none (`make bench-compare --limit-other`).
+_PAIR_PENDING = (
+    "status = 'PENDING' AND queue = $1::text AND task_type = $2::text"
+    " AND task_type >= $2::text AND task_type <= $2::text"
+)
+
 # At most `concurrency` PROCESSING jobs of the pair and `tenantConcurrency` of one tenant, and
 # no more handed out than the pair's token bucket (`rate` per second, `burst` at most) and
 # each tenant's (`tenantRate`, `tenantBurst`) hold: the room left (`room`) bounds the walk
@@ -561,7 +573,7 @@ WITH control AS (
                               ORDER BY candidate.priority DESC, candidate.ready_at,
                                        candidate.id) AS nth
     FROM (SELECT id, tenant, priority, ready_at FROM job
-          WHERE status = 'PENDING' AND queue = $1::text AND task_type = $2::text
+          WHERE {_PAIR_PENDING}
             AND tenant <> ALL(ARRAY(SELECT tenant FROM excluded))
           ORDER BY priority DESC, ready_at, id
           LIMIT COALESCE((SELECT n FROM room), 0)
@@ -625,8 +637,7 @@ FROM room CROSS JOIN LATERAL (
            CASE WHEN (SELECT count(*) FROM claimed) < (SELECT count(*) FROM walked) THEN true
                 WHEN (SELECT count(*) FROM walked) < room.n AND NOT EXISTS (SELECT FROM excluded)
                 THEN false
-                ELSE (SELECT id FROM job WHERE status = 'PENDING' AND queue = $1::text
-                                          AND task_type = $2::text
+                ELSE (SELECT id FROM job WHERE {_PAIR_PENDING}
                                           AND id <> ALL(ARRAY(SELECT id FROM walked))
                       ORDER BY priority DESC, ready_at, id LIMIT 1) IS NOT NULL END AS waiting
 ) AS held
@@ -743,6 +754,9 @@ SELECT control.queue, limited.task_type, (limited.bounds ->> 'concurrency')::int
                                    AND task_type = limited.task_type)::int AS running,
        (SELECT count(*) FROM (SELECT FROM job WHERE status = 'PENDING' AND queue = control.queue
                                                AND task_type = limited.task_type
+                                               -- as in _PAIR_PENDING
+                                               AND task_type >= limited.task_type
+                                               AND task_type <= limited.task_type
                               LIMIT $1::int) AS pending)::int AS waiting,
        LEAST((limited.bounds ->> 'burst')::float8, COALESCE(
            (SELECT bucket.tokens + EXTRACT(EPOCH FROM statement_timestamp() - bucket.updated_at)
@@ -1050,9 +1064,16 @@ LEFT JOIN pg_stat_user_tables AS s ON s.relid = 'job'::regclass
 """
 
 CLAIM_STATEMENT = _CLAIM
-CLAIM_LIMITED_STATEMENT = _CLAIM_LIMITED
 """The claim statement itself, for plan-regression tests (EXPLAIN of the real statement):
 parameters ($1 queues, $2 max, $3 worker, $4 visibility timeout in seconds)."""
+
+CLAIM_LIMITED_STATEMENT = _CLAIM_LIMITED
+"""The claim of one limited (queue, task type), for the same tests: ($1 queue, $2 task type,
+$3 max, $4 worker, $5 visibility timeout in seconds)."""
+
+LIMIT_READINGS_STATEMENT = _LIMIT_READINGS
+"""The depth refresh's reading of every limited pair, for the same tests: ($1 the most
+waiting jobs counted)."""
 
 ACK_AND_CLAIM_STATEMENT = _ACK_AND_CLAIM
 """The combined ack-and-claim statement, for plan-regression tests: the claim's four

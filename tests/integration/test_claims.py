@@ -19,6 +19,7 @@ from services.queue.repository import (
     CLAIM_STATEMENT,
     FAIL_STATEMENT,
     HEARTBEAT_STATEMENT,
+    LIMIT_READINGS_STATEMENT,
     PROMOTE_STATEMENT,
     REAP_STATEMENT,
     REDRIVE_STATEMENT,
@@ -185,18 +186,16 @@ async def test_the_fair_claim_is_an_ordered_index_walk_per_flow_for_any_number_o
 async def test_the_limited_claim_walks_the_pairs_own_index(clean_database: str) -> None:
     connection = await asyncpg.connect(clean_database)
     try:
+        # Every job is a noop: the generic plan estimates any task type at all of them.
         await _fill(connection)
-        # A queue of several task types (a limit on one of them): the backlog's 10,000 noop
-        # jobs and as many of another type.
-        await connection.execute(
-            "INSERT INTO job (id, tenant, queue, task_type, payload, status, max_attempts,"
-            " visible_at) SELECT gen_random_uuid(), 't0', 'default', 'email', '{}', 'PENDING',"
-            " 5, now() FROM generate_series(1, 10000)"
-        )
-        await connection.execute("ANALYZE job")
         plan = await _generic_plan(
             connection, CLAIM_LIMITED_STATEMENT, "'default', 'webhook', 16, 'w', 30"
         )
+        await connection.execute(
+            "INSERT INTO queue_control (queue, limits, changed_at, changed_by, change)"
+            """ VALUES ('default', '{"webhook": {"concurrency": 3}}', now(), 't', 'limits')"""
+        )
+        readings = await _generic_plan(connection, LIMIT_READINGS_STATEMENT, "1000")
     finally:
         await connection.close()
     # Its walk, and the look for jobs it left waiting, descend the pair's index: a limited
@@ -204,6 +203,9 @@ async def test_the_limited_claim_walks_the_pairs_own_index(clean_database: str) 
     # other types (ix_job_claim filtered on the task type did).
     assert "using ix_job_claim_type" in plan, plan
     assert "using ix_job_claim on" not in plan, plan
+    # So does the depth refresh's count of the pair's waiting jobs.
+    assert "using ix_job_claim_type" in readings, readings
+    assert "using ix_job_claim on" not in readings, readings
 
 
 @pytest.mark.parametrize(
