@@ -193,9 +193,10 @@ class RateBucket(Base):
     """The token bucket of a dispatch rate limit (`rate` of `PUT /queues/{queue}/limits`):
     `tokens` left at `updated_at`, refilled at the limit's rate up to its burst when read.
     `tenant` is `''` for the bucket of the whole (queue, task type), else the tenant's own
-    bucket (`tenantRate`). No row means a full bucket; setting a queue's limits removes its
-    rows. Read and spent only by the claim of the pair, under the pair's advisory lock
-    (docs/architecture.md#flow-control)."""
+    bucket (`tenantRate`). No row means a full bucket: the claim deletes a tenant's bucket it
+    finds full, and setting a queue's limits deletes the buckets of the `rate` and
+    `tenantRate` bounds it removes. Read and spent only by the claim of the pair, under the
+    pair's advisory lock (docs/architecture.md#flow-control)."""
 
     __tablename__ = "rate_bucket"
 

@@ -354,15 +354,17 @@ picked AS (
 )"""
 
 
-def _claim_rows(shared: str) -> str:
+def _claim_rows(shared: str, cursor: str = "NULL::text") -> str:
     """The claimed rows, then one row per queue of `shared` (an SQL relation of `queue` and
-    `shared`, whether another tenant's ready jobs can be claimed there), its `id` NULL."""
+    `shared`, whether the queue's next claims should be fair), its `id` NULL and its `tenant`
+    the `cursor` (an SQL expression over `shared`: a tenant the queue's cursor moves to, NULL
+    for none)."""
     return f"""
 SELECT id, task_type, payload_json, attempts, max_attempts, timeout_seconds, lease_id,
        visible_at, idempotency_key, rank, queue, tenant, flow, NULL::bool AS shared
 FROM claimed
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, queue, NULL, NULL, shared
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, queue, {cursor}, NULL, shared
 FROM {shared}"""
 
 
@@ -469,11 +471,19 @@ wanted AS (
 ), {claimed}"""
 
 
-# A fair claim's queue stays shared while the walks of two flows or more found jobs to claim:
-# a tenant whose ready jobs are all of limited task types, or all locked by other claimers,
-# does not count.
+# A fair claim's queue stays shared while the walks of two flows or more found jobs to claim
+# (a tenant whose ready jobs are all of limited task types, or all locked by other claimers,
+# does not count), or while its window was full: tenants past it may have such jobs. A full
+# window in which fewer than two flows found jobs moves the cursor to its last tenant, so the
+# next window looks at the tenants after it instead of the same ones again.
 _CLAIM_FAIR_ROWS = _claim_rows(
-    "(SELECT queue, count(DISTINCT flow) >= 2 AS shared FROM walked GROUP BY queue) AS spread"
+    """(SELECT flows.queue,
+           count(DISTINCT walked.flow) >= 2 OR max(flows.n) >= GREATEST($2, 2) AS shared,
+           CASE WHEN count(DISTINCT walked.flow) < 2 AND max(flows.n) >= GREATEST($2, 2)
+                THEN (array_agg(flows.tenant ORDER BY flows.n DESC))[1] END AS window_end
+    FROM flows LEFT JOIN walked ON walked.queue = flows.queue AND walked.flow = flows.n
+    GROUP BY flows.queue) AS spread""",
+    cursor="window_end",
 )
 
 
@@ -1368,12 +1378,13 @@ class JobRepository:
     ) -> list[asyncpg.Record]:
         """The claimed jobs' rows of a claim of `queues` (the fair statement's when `fair`),
         after counting them by (queue, tenant) and learning which queues to share from the
-        rows without an id (`queue`, `shared`): a queue the walk's probe found another tenant
-        in is shared from the next claim on (unless a fair claim unshared it less than
-        SHARING_HOLD seconds ago); a queue where the fair claim's walks found jobs of one
-        flow or none is walked again. Each shared queue's cursor moves to the tenant of the
-        last flow (in window order) the fair claim served, so the next window starts after
-        it."""
+        rows without an id (`queue`, `shared`, `tenant`): a queue the walk's probe found
+        another tenant in is shared from the next claim on (unless a fair claim unshared it
+        less than SHARING_HOLD seconds ago); a queue whose fair claim's window was not full
+        and whose walks found jobs of one flow or none is walked again. Each shared queue's
+        cursor moves to the tenant of the last flow (in window order) the fair claim served,
+        or, when a full window had fewer than two flows with jobs to claim, to the window's
+        last tenant (the row's `tenant`), so the next window starts after it."""
         claimed = [row for row in rows if row["id"] is not None]
         counts = self._claimed_by_tenant
         last: dict[str, tuple[int, str]] = {}
@@ -1383,9 +1394,13 @@ class JobRepository:
             flow = row["flow"]
             if flow is not None and flow >= last.get(row["queue"], (0, ""))[0]:
                 last[row["queue"]] = (flow, row["tenant"])
-        self._learn_sharing(
-            {row["queue"] for row in rows if row["id"] is None and row["shared"]}, queues, fair
-        )
+        spread = set()
+        for row in rows:
+            if row["id"] is None and row["shared"]:
+                spread.add(row["queue"])
+                if row["tenant"] is not None:  # a full window without two claimable flows
+                    last[row["queue"]] = (0, row["tenant"])
+        self._learn_sharing(spread, queues, fair)
         if fair:
             if len(self._cursors) + len(last) > _CURSORS_KEPT:
                 self._cursors.clear()  # bounded: asked-for queue names come from workers

@@ -206,6 +206,9 @@ class QueueService:
         # Event-loop-independent clock (time.monotonic) at which a token bucket that held a
         # queue's jobs back has its next token: long polls on the queue wake then.
         self._token_due: dict[str, float] = {}
+        # Limited (queue, task type) pairs whose last claim found nothing waiting: the hub's
+        # mark for the queue then, and until when (time.monotonic()) the pair is skipped.
+        self._idle_pairs: dict[tuple[str, str], tuple[tuple[int, int], float]] = {}
 
     async def aclose(self) -> None:
         """Finish the group commits under way."""
@@ -420,11 +423,9 @@ class QueueService:
                     for task_type in types[start:] + types[:start]:
                         if len(jobs) >= request.max:
                             return jobs
-                        limited_claim = await self._repository.claim_limited(
-                            queue, task_type, request.worker, request.max - len(jobs), visibility
+                        jobs += await self._claim_pair(
+                            queue, task_type, request, request.max - len(jobs), visibility
                         )
-                        jobs += limited_claim.jobs
-                        self._held_back(queue, task_type, limited_claim)
             except ServiceUnavailable:
                 if not jobs:
                     raise
@@ -439,6 +440,31 @@ class QueueService:
             if not jobs:
                 raise
             return jobs
+
+    async def _claim_pair(
+        self, queue: str, task_type: str, request: ClaimRequest, most: int, visibility: int
+    ) -> list[Claimed]:
+        """Up to `most` jobs of one limited pair (`JobRepository.claim_limited`), or none,
+        without a statement, when the pair's last claim on this replica found nothing waiting
+        and since then no notification said the queue got ready jobs, for at most
+        QUEUE_DEPTH_INTERVAL (a safety net for a job made ready without one). A limited type
+        with no ready jobs then costs the other types' claims nothing."""
+        key = (queue, task_type)
+        heard = self._hub.heard(queue)
+        idle = self._idle_pairs.get(key)
+        if idle is not None and idle[0] == heard and time.monotonic() < idle[1]:
+            return []
+        claim = await self._repository.claim_limited(
+            queue, task_type, request.worker, most, visibility
+        )
+        self._held_back(queue, task_type, claim)
+        if claim.held_by is None and len(claim.jobs) < most:
+            # Nothing left waiting (or the pair is no longer limited, or paused: a resume or
+            # a limit change notifies every replica).
+            self._idle_pairs[key] = (heard, time.monotonic() + self._settings.queue_depth_interval)
+        else:
+            self._idle_pairs.pop(key, None)
+        return claim.jobs
 
     def _held_back(self, queue: str, task_type: str, claim: LimitedClaim) -> None:
         """Count a limited claim that a bound of the pair held back, by the bound; when a

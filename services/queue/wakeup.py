@@ -24,11 +24,23 @@ from common.logging import FailureRun
 logger = logging.getLogger(__name__)
 
 
+_HEARD_KEPT = 10_000
+"""Queues whose notifications a hub counts (`WakeupHub.heard`); past it, it starts again."""
+
+
 class WakeupHub:
     """Waiters per queue, woken first-come first-served."""
 
     def __init__(self) -> None:
         self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
+        self._heard: dict[str, int] = {}
+        self._epoch = 0
+
+    def heard(self, queue: str) -> tuple[int, int]:
+        """A mark that changes whenever `queue` may have got ready jobs since it was read: a
+        notification for the queue arrived, or notifications may have been missed (the
+        listener reconnected). Equal marks: no such notification in between."""
+        return self._epoch, self._heard.get(queue, 0)
 
     async def wait(self, queues: Iterable[str], within: float, *also: asyncio.Future[Any]) -> None:
         """Sleep until one of `queues` is woken, `within` seconds pass, or any of `also` ends."""
@@ -60,7 +72,9 @@ class WakeupHub:
         return woken
 
     def wake_all(self) -> None:
-        """Wake every waiter (shutdown: waiters answer 204 at once)."""
+        """Wake every waiter (shutdown: waiters answer 204 at once), and change every queue's
+        `heard` mark (after a reconnect, notifications may have been missed)."""
+        self._epoch += 1
         for waiters in self._waiters.values():
             for future in waiters:
                 if not future.done():
@@ -70,6 +84,10 @@ class WakeupHub:
         """Apply one `<queue>:<count>` notification payload; malformed payloads are ignored."""
         queue, _, count = payload.rpartition(":")
         if queue and count.isdigit():
+            if queue not in self._heard and len(self._heard) >= _HEARD_KEPT:
+                self._heard.clear()  # bounded; the new epoch changes every mark
+                self._epoch += 1
+            self._heard[queue] = self._heard.get(queue, 0) + 1
             self.wake(queue, int(count))
 
 

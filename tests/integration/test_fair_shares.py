@@ -181,6 +181,28 @@ async def test_a_tenant_whose_jobs_all_wait_for_a_limit_does_not_keep_the_queue_
     assert repository._fair(["default"])
 
 
+async def test_tenants_with_only_limited_jobs_do_not_hide_the_tenants_after_them(
+    repository: JobRepository, clean_database: str
+) -> None:
+    # Two tenants first in the window's order whose ready jobs all wait for a limit, then a
+    # flood and a tenant behind it.
+    for tenant in ("a-limited", "b-limited"):
+        for _ in range(5):
+            assert await repository.insert(new_job("slow", tenant=tenant))
+    limit = ConcurrencyLimit(task_type="slow", concurrency=1)
+    assert await repository.set_limits("default", [limit], "test")
+    await backlog(clean_database, "flood", 300)
+    await backlog(clean_database, "late", 300)
+    served: Counter[str] = Counter()
+    for _ in range(1 + 100):
+        [job] = await repository.claim(["default"], "w", 1, 30)
+        served.update(await _tenants(clean_database, [job.id]))
+    # A claim of one job looks at two tenants. A full window in which no two flows had jobs
+    # to claim keeps the queue shared and moves the cursor past it, so the next window holds
+    # the flood and the late tenant; unshared instead, every claim would be the flood's.
+    assert served["late"] >= 20, served
+
+
 async def test_weights_are_shown_recorded_persisted_and_removed(
     clean_database: str, redis_url: str
 ) -> None:

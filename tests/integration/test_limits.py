@@ -515,3 +515,44 @@ async def test_a_claim_held_back_by_a_tenant_at_its_concurrency_says_so(
     second = await repository.claim_limited("hooks", "webhook", "w", 5, 30)
     assert second.jobs == [] and second.held_by == "tenant"
     assert second.wait_seconds is None
+
+
+async def test_a_limited_type_without_ready_jobs_is_skipped_until_one_is_notified(
+    clean_database: str, redis_url: str
+) -> None:
+    # A depth interval far beyond the test: the safety net that retries an idle pair never
+    # fires, so only a notification can end the skip.
+    settings = replica_settings(clean_database, redis_url).model_copy(
+        update={"queue_depth_interval": 60.0}
+    )
+    async with (
+        serving(create_app(settings)) as first,
+        serving(create_app(replica_settings(clean_database, redis_url))) as second,
+    ):
+        await submit_many(first, "webhook", 1)
+        assert (
+            await put_limits(first, {"taskType": "webhook", "concurrency": 5})
+        ).status_code == 200
+        claim = {"worker": "w", "queues": ["hooks"], "max": 1}
+        reply = await first.post("/jobs/next", json=claim)
+        assert [job["taskType"] for job in reply.json()["jobs"]] == ["webhook"]
+        # Nothing of the pair waits now: this claim finds so, and the next ones skip the pair.
+        assert (await first.post("/jobs/next", json=claim)).status_code == 204
+        connection = await asyncpg.connect(clean_database)
+        try:  # a ready job no notification announced (none of jobq's statements makes one)
+            await connection.execute(
+                "INSERT INTO job (id, tenant, queue, task_type, payload, status, max_attempts,"
+                " visible_at) VALUES (gen_random_uuid(), 'default', 'hooks', 'webhook', '{}',"
+                " 'PENDING', 5, now())"
+            )
+        finally:
+            await connection.close()
+        assert (await first.post("/jobs/next", json=claim)).status_code == 204
+        # A submit through the other replica notifies every replica: the long poll wakes and
+        # the pair is claimed again (the unannounced job first, in claim order).
+        polled = asyncio.create_task(first.post("/jobs/next", json=claim | {"waitSeconds": 20}))
+        await asyncio.sleep(0.5)
+        await submit_many(second, "webhook", 1)
+        reply = await polled
+        assert reply.status_code == 200, reply.text
+        assert [job["taskType"] for job in reply.json()["jobs"]] == ["webhook"]
