@@ -139,15 +139,21 @@ async def test_every_one_of_many_tenants_gets_its_turn(
     assert set().union(*served) == {f"t{n:03}" for n in range(100)}
 
 
+async def one_job_claims(repository: JobRepository, database_url: str, count: int) -> Counter[str]:
+    """`count` claims of one job each from queue `default`: how many went to each tenant."""
+    served: Counter[str] = Counter()
+    for _ in range(count):
+        [job] = await repository.claim(["default"], "w", 1, 30)
+        served.update(await _tenants(database_url, [job.id]))
+    return served
+
+
 async def test_claims_of_one_job_keep_sharing_between_two_tenants(
     repository: JobRepository, clean_database: str
 ) -> None:
     await backlog(clean_database, "early", 200)
     await backlog(clean_database, "late", 200)
-    served: Counter[str] = Counter()
-    for _ in range(1 + 100):
-        [job] = await repository.claim(["default"], "w", 1, 30)
-        served.update(await _tenants(clean_database, [job.id]))
+    served = await one_job_claims(repository, clean_database, 1 + 100)
     # The first claim walks the queue (an early job) and learns it is shared; a fair claim's
     # window holds two tenants however small the batch, so the queue stays shared and each
     # claim of one job goes to either tenant (by the random offsets, one in two). Walked, or
@@ -193,10 +199,7 @@ async def test_tenants_with_only_limited_jobs_do_not_hide_the_tenants_after_them
     assert await repository.set_limits("default", [limit], "test")
     await backlog(clean_database, "flood", 300)
     await backlog(clean_database, "late", 300)
-    served: Counter[str] = Counter()
-    for _ in range(1 + 100):
-        [job] = await repository.claim(["default"], "w", 1, 30)
-        served.update(await _tenants(clean_database, [job.id]))
+    served = await one_job_claims(repository, clean_database, 1 + 100)
     # A claim of one job looks at two tenants. A full window in which no two flows had jobs
     # to claim keeps the queue shared and moves the cursor past it, so the next window holds
     # the flood and the late tenant; unshared instead, every claim would be the flood's.
