@@ -743,6 +743,18 @@ _SET_WEIGHTS = _set_control("weights")
 # After a queue's limits ($2, jsonb) change, the buckets of bounds that are gone (a task type
 # no longer limited, a `rate` or `tenantRate` removed) go with them; the others keep their
 # tokens (a lower burst caps them when next read), so editing a limit is no refill.
+# Before a queue's limits change, the locks of every pair they limit now or will limit ($2),
+# in one order (two concurrent changes never deadlock; claims only try the lock): a claim of
+# a pair under way finishes first, so none spends into a bucket after its bound was dropped.
+_LOCK_PAIRS = """
+SELECT count(pg_advisory_xact_lock(hashtextextended('jobq.limit:' || $1::text || '/' || pair, 0)))
+FROM (SELECT jsonb_object_keys(limits) AS pair FROM queue_control
+      WHERE queue = $1::text AND limits IS NOT NULL
+      UNION
+      SELECT jsonb_object_keys($2::jsonb)
+      ORDER BY 1) AS pairs
+"""
+
 _DROP_BUCKETS = """
 DELETE FROM rate_bucket AS bucket
 WHERE bucket.queue = $1::text
@@ -1859,7 +1871,8 @@ ORDER BY id DESC"""
     ) -> QueueState | None:
         """Replace `queue`'s limits with `limits` (one per task type; empty: none), recording
         `actor` as who did it, drop the token buckets of rate bounds that are gone (the
-        others keep their tokens, capped by a lower burst when next read), and wake the
+        others keep their tokens, capped by a lower burst when next read; the pairs' locks
+        are taken first, so no claim under way spends into a dropped bucket), and wake the
         queue's long polls on every replica (a raised or removed limit may let jobs run at
         once). Stored as one jsonb object keyed by task type, which the claim probes (`?`).
         Returns the queue's state after the change; None, changing nothing, for a queue that
@@ -1876,6 +1889,7 @@ ORDER BY id DESC"""
             for limit in limits
         }
         async with self._connection() as conn, conn.transaction():
+            await conn.execute(_LOCK_PAIRS, queue, stored)
             row = await conn.fetchrow(_SET_LIMITS, queue, stored, actor)
             if row is not None:
                 await conn.execute(_DROP_BUCKETS, queue, stored)

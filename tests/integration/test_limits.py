@@ -556,3 +556,26 @@ async def test_a_limited_type_without_ready_jobs_is_skipped_until_one_is_notifie
         reply = await polled
         assert reply.status_code == 200, reply.text
         assert [job["taskType"] for job in reply.json()["jobs"]] == ["webhook"]
+
+
+async def test_a_limit_change_waits_for_a_claim_of_the_pair_under_way(
+    repository: JobRepository, clean_database: str
+) -> None:
+    assert await repository.insert(new_job("webhook", "hooks"))
+    rated = ConcurrencyLimit(task_type="webhook", rate=1)
+    assert await repository.set_limits("hooks", [rated], "test")
+    claimer = await asyncpg.connect(clean_database)
+    try:
+        async with claimer.transaction():
+            # What a claim of the pair holds while it spends the pair's tokens.
+            assert await claimer.fetchval(
+                "SELECT pg_try_advisory_xact_lock(hashtextextended('jobq.limit:hooks/webhook', 0))"
+            )
+            change = asyncio.create_task(repository.set_limits("hooks", [], "test"))
+            await asyncio.sleep(0.3)
+            # The change (which drops the pair's bucket) waits: the claim could otherwise
+            # write its spent tokens back into a bucket just dropped.
+            assert not change.done()
+        assert await asyncio.wait_for(change, 10) is not None
+    finally:
+        await claimer.close()
