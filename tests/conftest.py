@@ -90,10 +90,10 @@ async def database_url(postgres_base: str, template_database: str) -> AsyncItera
 
 @pytest.fixture
 async def clean_database(database_url: str) -> str:
-    """The test database with empty job, schedule and queue_control tables."""
+    """The test database with empty job, schedule, queue_control and rate_bucket tables."""
     connection = await asyncpg.connect(database_url)
     try:
-        await connection.execute("TRUNCATE job, schedule, queue_control")
+        await connection.execute("TRUNCATE job, schedule, queue_control, rate_bucket")
     finally:
         await connection.close()
     return database_url

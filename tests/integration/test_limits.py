@@ -455,10 +455,13 @@ async def test_a_claim_carrying_acks_gets_the_slot_its_acks_freed(
 
 
 async def _buckets(database_url: str) -> dict[str, float]:
-    """The rows of rate_bucket, tenant ('' for the pair's) to tokens at their last write."""
+    """The rows of rate_bucket of queue `hooks`, tenant ('' for the pair's) to tokens at
+    their last write."""
     connection = await asyncpg.connect(database_url)
     try:
-        rows = await connection.fetch("SELECT tenant, tokens FROM rate_bucket")
+        rows = await connection.fetch(
+            "SELECT tenant, tokens FROM rate_bucket WHERE queue = 'hooks'"
+        )
     finally:
         await connection.close()
     return {row["tenant"]: row["tokens"] for row in rows}
