@@ -507,9 +507,13 @@ def _fair_claim_ctes(cursors: str) -> str:
 # the pair's jobs right now, and claimers queueing on the lock (each holding a pooled
 # connection) would serialise every claim of the pair. Other pairs, queues and the unlimited
 # claim never touch it.
-_LOCK_LIMIT = (
-    "SELECT pg_try_advisory_xact_lock(hashtextextended('jobq.limit:' || $1 || '/' || $2, 0))"
-)
+def _pair_lock(queue: str, task_type: str) -> str:
+    """SQL for the advisory-lock key of the limited pair (`queue`, `task_type`: SQL
+    expressions), the same for its claims (_LOCK_LIMIT) and for limit changes (_LOCK_PAIRS)."""
+    return f"hashtextextended('jobq.limit:' || {queue} || '/' || {task_type}, 0)"
+
+
+_LOCK_LIMIT = f"SELECT pg_try_advisory_xact_lock({_pair_lock('$1', '$2')})"
 
 # The PENDING jobs of the pair ($1 queue, $2 task type), found through ix_job_claim_type. The
 # range on the task type, the same value as its equality, says nothing new, but it makes
@@ -746,8 +750,8 @@ _SET_WEIGHTS = _set_control("weights")
 # Before a queue's limits change, the locks of every pair they limit now or will limit ($2),
 # in one order (two concurrent changes never deadlock; claims only try the lock): a claim of
 # a pair under way finishes first, so none spends into a bucket after its bound was dropped.
-_LOCK_PAIRS = """
-SELECT count(pg_advisory_xact_lock(hashtextextended('jobq.limit:' || $1::text || '/' || pair, 0)))
+_LOCK_PAIRS = f"""
+SELECT count(pg_advisory_xact_lock({_pair_lock("$1::text", "pair")}))
 FROM (SELECT jsonb_object_keys(limits) AS pair FROM queue_control
       WHERE queue = $1::text AND limits IS NOT NULL
       UNION
