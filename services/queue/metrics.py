@@ -128,8 +128,7 @@ class QueueMetrics:
             "jobq_claims_held_back",
             "Claims of a limited (queue, task type) that handed out fewer of its jobs than "
             "asked while more waited, by the bound that held them back: concurrency, rate, "
-            "tenant (tenantConcurrency or tenantRate) or lock (another claimer was claiming "
-            "the pair's jobs).",
+            "tenant (tenantConcurrency or tenantRate).",
             ["queue", "task_type", "reason"],
             registry=registry,
         )

@@ -371,15 +371,25 @@ FROM {shared}"""
 _CLAIM_WALK_ROWS = _claim_rows("probe")
 
 
+FAIR_JOBS_PER_FLOW = 8
+"""How many jobs of a claim's `max` a fair claim's window has per tenant when the queue has no
+weights: a claim of `max` jobs looks at ceil(max / 8) tenants (at least two) and the cursor
+rotates the rest through later claims, so a claim of 32 among 20 tenants costs four descents
+and four walks, not twenty. With weights set the window holds `max` tenants (at least two),
+so their proportions hold within each claim whenever the queue has no more tenants than
+that (docs/architecture.md#fair-shares)."""
+
+
 # The claim of queues where several tenants have ready jobs (`JobRepository._shared`) shares
 # each batch between the flows (queue, tenant) that have ready work, in proportion to their
 # weights (docs/architecture.md#fair-shares), and walks the indexes in their own order
 # throughout, so its cost is O(flows x max) however long the backlog:
 # 1. `flows`: per queue asked for (not paused; one primary-key probe of the small
-#    queue_control table), up to `max` (at least 2) tenants with PENDING jobs, found by a
-#    loose index scan of ix_job_claim_tenant (one descent per tenant), starting after the
-#    tenant this replica served last in the queue (the cursor, $cursors) and wrapping round,
-#    so every tenant gets its turn however many there are.
+#    queue_control table), up to its window's count of tenants with PENDING jobs
+#    (`window_flows`: ceil(max / FAIR_JOBS_PER_FLOW) without weights, `max` with them; at
+#    least 2), found by a loose index scan of ix_job_claim_tenant (one descent per tenant),
+#    starting after the tenant this replica served last in the queue (the cursor,
+#    $cursors) and wrapping round, so every tenant gets its turn however many there are.
 # 2. `walked`: of each flow at most its share of `max` (ceil(max x weight / total weight))
 #    jobs in claim order (priority first, then the time each became ready), each
 #    walk cut by its LIMIT right above the index scan, rows locked by other claimers skipped.
@@ -397,17 +407,23 @@ _CLAIM_WALK_ROWS = _claim_rows("probe")
 # jobs have a `claimed_at` before the change's commit.
 _CLAIM_FAIR_CTE_TEMPLATE = """
 wanted AS (
-    SELECT asked.queue, asked.cursor_tenant, control.limits, control.weights
+    SELECT asked.queue, asked.cursor_tenant, control.limits, control.weights,
+           CASE WHEN control.weights IS NULL OR control.weights = '{{}}'::jsonb
+                THEN GREATEST(($2 + {jobs_per_flow} - 1) / {jobs_per_flow}, 2)
+                ELSE GREATEST($2, 2) END AS window_flows
     FROM unnest($1::text[], {cursors}::text[]) AS asked(queue, cursor_tenant)
     LEFT JOIN queue_control AS control ON control.queue = asked.queue
     WHERE control.paused_at IS NULL
 ), flows AS (
-    SELECT wanted.queue, wanted.cursor_tenant, wanted.limits, wanted.weights, 1 AS n, first.*
+    SELECT wanted.queue, wanted.cursor_tenant, wanted.limits, wanted.weights,
+           wanted.window_flows, 1 AS n, first.*
     FROM wanted CROSS JOIN LATERAL {first} AS first
     UNION ALL
-    SELECT flows.queue, flows.cursor_tenant, flows.limits, flows.weights, flows.n + 1, next.*
+    SELECT flows.queue, flows.cursor_tenant, flows.limits, flows.weights, flows.window_flows,
+           flows.n + 1, next.*
     FROM flows CROSS JOIN LATERAL {next} AS next
-    WHERE flows.n < GREATEST($2, 2)
+    -- One tenant past the window is looked for: it tells whether the window is full.
+    WHERE flows.n <= flows.window_flows
 ), shares AS (
     SELECT flows.queue, flows.tenant, flows.n AS flow, flows.priority, flows.ready_at,
            flows.id, flows.limits, weighed.weight, random() AS offset_u,
@@ -415,6 +431,7 @@ wanted AS (
     FROM flows CROSS JOIN LATERAL (
         SELECT COALESCE((flows.weights ->> flows.tenant)::float8, 1) AS weight
     ) AS weighed
+    WHERE flows.n <= flows.window_flows
 ), walked AS (
     SELECT candidate.id, candidate.tenant, shares.queue, shares.flow,
            (candidate.nth - shares.offset_u) / shares.weight AS share_key
@@ -473,14 +490,17 @@ wanted AS (
 
 # A fair claim's queue stays shared while the walks of two flows or more found jobs to claim
 # (a tenant whose ready jobs are all of limited task types, or all locked by other claimers,
-# does not count), or while its window was full: tenants past it may have such jobs. A full
-# window in which fewer than two flows found jobs moves the cursor to its last tenant, so the
-# next window looks at the tenants after it instead of the same ones again.
+# does not count), or while its window was full (`flows` found a tenant past it, which no
+# share takes): tenants past it may have such jobs. A full window in which fewer than two
+# flows found jobs moves the cursor to its last tenant, so the next window looks at the
+# tenants after it instead of the same ones again.
 _CLAIM_FAIR_ROWS = _claim_rows(
     """(SELECT flows.queue,
-           count(DISTINCT walked.flow) >= 2 OR max(flows.n) >= GREATEST($2, 2) AS shared,
-           CASE WHEN count(DISTINCT walked.flow) < 2 AND max(flows.n) >= GREATEST($2, 2)
-                THEN (array_agg(flows.tenant ORDER BY flows.n DESC))[1] END AS window_end
+           count(DISTINCT walked.flow) >= 2 OR max(flows.n) > max(flows.window_flows)
+               AS shared,
+           CASE WHEN count(DISTINCT walked.flow) < 2 AND max(flows.n) > max(flows.window_flows)
+                THEN max(flows.tenant) FILTER (WHERE flows.n = flows.window_flows)
+           END AS window_end
     FROM flows LEFT JOIN walked ON walked.queue = flows.queue AND walked.flow = flows.n
     GROUP BY flows.queue) AS spread""",
     cursor="window_end",
@@ -492,6 +512,7 @@ def _fair_claim_ctes(cursors: str) -> str:
     the cursor tenant per queue."""
     return _CLAIM_FAIR_CTE_TEMPLATE.format(
         cursors=cursors,
+        jobs_per_flow=FAIR_JOBS_PER_FLOW,
         first=_next_tenant(
             "wanted", "COALESCE(wanted.cursor_tenant, '')", "false", "wanted.cursor_tenant"
         ),
@@ -503,9 +524,11 @@ def _fair_claim_ctes(cursors: str) -> str:
 # Claims of one limited (queue, task type) take a transaction-scoped advisory lock on the pair
 # first (_LOCK_LIMIT), then count in a statement of their own: its snapshot is taken after the
 # lock, so it sees every claim of the pair committed before, and two claimers can never both
-# fill the last slot. A claimer that finds the lock taken does not wait: another is claiming
-# the pair's jobs right now, and claimers queueing on the lock (each holding a pooled
-# connection) would serialise every claim of the pair. Other pairs, queues and the unlimited
+# fill the last slot. A claimer that finds the lock taken waits for it (a claim of the pair
+# takes milliseconds); the claims of one replica take turns in memory first
+# (QueueService._claim_pair), so no more than one per replica waits here, holding a pooled
+# connection, and claimers that skipped the pair instead slept a poll interval, which held a
+# pair with many claimers well below its rate limit. Other pairs, queues and the unlimited
 # claim never touch it.
 def _pair_lock(queue: str, task_type: str) -> str:
     """SQL for the advisory-lock key of the limited pair (`queue`, `task_type`: SQL
@@ -513,7 +536,7 @@ def _pair_lock(queue: str, task_type: str) -> str:
     return f"hashtextextended('jobq.limit:' || {queue} || '/' || {task_type}, 0)"
 
 
-_LOCK_LIMIT = f"SELECT pg_try_advisory_xact_lock({_pair_lock('$1', '$2')})"
+_LOCK_LIMIT = f"SELECT pg_advisory_xact_lock({_pair_lock('$1', '$2')})"
 
 # The PENDING jobs of the pair ($1 queue, $2 task type), found through ix_job_claim_type. The
 # range on the task type, the same value as its equality, says nothing new, but it makes
@@ -1334,7 +1357,7 @@ def _completed(rows: list[asyncpg.Record]) -> list[Settled]:
 class LimitedClaim:
     """What `JobRepository.claim_limited` handed out (`jobs`, in claim order) and, when a
     bound of the pair kept jobs of it waiting, which (`held_by`: `concurrency`, `rate`,
-    `tenant`, or `lock` when another claimer held the pair's lock), with the seconds until
+    or `tenant`), with the seconds until
     a token bucket that held them back has its next token (`wait_seconds`, else None)."""
 
     jobs: list[Claimed]
@@ -1616,14 +1639,13 @@ class JobRepository:
 
         One transaction: an advisory lock on the pair, then the claim in a statement whose
         snapshot follows the lock, so concurrent claimers of the pair never both take its last
-        slot or token; nothing, without waiting, when another claimer holds the lock (it is
-        claiming the pair's jobs). Other pairs and queues are not affected. Returns the jobs
+        slot or token; a claimer waits while another holds the lock (for its few
+        milliseconds). Other pairs and queues are not affected. Returns the jobs
         in claim order, like `claim`, with the bound that held jobs of the pair back, if any,
         and when a token bucket did, the seconds until its next token.
         """
         async with self._connection() as conn, conn.transaction():
-            if not await conn.fetchval(_LOCK_LIMIT, queue, task_type):
-                return LimitedClaim([], "lock", None)
+            await conn.execute(_LOCK_LIMIT, queue, task_type)
             rows = await conn.fetch(
                 _CLAIM_LIMITED, queue, task_type, max_jobs, worker, visibility_timeout
             )

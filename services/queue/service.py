@@ -164,6 +164,10 @@ def _distinct_ids(ids: Sequence[uuid.UUID], pointer: str = "/entries") -> None:
         )
 
 
+_PAIR_LOCKS_KEPT = 10_000
+"""Limited pairs whose in-process lock a replica keeps; past it the idle ones are dropped."""
+
+
 def soonest_token(known: float | None, due: float, now: float) -> float:
     """When a queue's long polls should next wake for a token: the sooner of the `known` time
     (None: none) and a bucket's next token `due`, unless `known` has passed (at `now`; all
@@ -203,12 +207,18 @@ class QueueService:
         self._limited_read_at = -math.inf
         self._limited_lock = asyncio.Lock()
         self._rotation = 0
-        # Event-loop-independent clock (time.monotonic) at which a token bucket that held a
-        # queue's jobs back has its next token: long polls on the queue wake then.
-        self._token_due: dict[str, float] = {}
+        # Per queue, when (time.monotonic()) a token bucket that held its jobs back has its
+        # next token, and the timer that then wakes one of its long polls.
+        self._token_wakes: dict[str, tuple[float, asyncio.TimerHandle]] = {}
         # Limited (queue, task type) pairs whose last claim found nothing waiting: the hub's
         # mark for the queue then, and until when (time.monotonic()) the pair is skipped.
         self._idle_pairs: dict[tuple[str, str], tuple[tuple[int, int], float]] = {}
+        # One lock per limited pair: this replica's claims of a pair take turns on it, so
+        # only one at a time asks PostgreSQL for the pair's advisory lock.
+        self._pair_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # Queues that limit a task type whose last unlimited claim found nothing: the hub's
+        # mark for the queue then, and until when (time.monotonic()) that claim is skipped.
+        self._idle_rest: dict[str, tuple[tuple[int, int], float]] = {}
 
     async def aclose(self) -> None:
         """Finish the group commits under way."""
@@ -376,7 +386,7 @@ class QueueService:
                 break
             extra = (disconnected,) if disconnected is not None else ()
             await self._hub.wait(
-                request.queues, self._wait_slice(request.queues, remaining), *extra
+                request.queues, min(self._settings.queue_poll_interval, remaining), *extra
             )
             if self._shutdown.is_set() or (disconnected is not None and disconnected.done()):
                 break
@@ -433,13 +443,52 @@ class QueueService:
             if len(jobs) >= request.max:
                 return jobs
         try:
-            return jobs + await self._repository.claim(
-                request.queues, request.worker, request.max - len(jobs), visibility
+            return jobs + await self._claim_rest(
+                request, request.max - len(jobs), visibility, limited
             )
         except ServiceUnavailable:
             if not jobs:
                 raise
             return jobs
+
+    async def _claim_rest(
+        self,
+        request: ClaimRequest,
+        most: int,
+        visibility: int,
+        limited: dict[str, tuple[str, ...]],
+    ) -> list[Claimed]:
+        """Up to `most` jobs of the task types `request.queues` do not limit (the claim
+        statement), or none, without a statement, when `_rest_idle` says none are there."""
+        if limited and self._rest_idle(request.queues, limited):
+            return []
+        rest = await self._repository.claim(request.queues, request.worker, most, visibility)
+        if limited and len(rest) < most:
+            # No unlimited job left in these queues: the next claims skip the statement
+            # (which reads past the limited types' backlog to find none) until a
+            # notification says one of them got ready jobs.
+            until = time.monotonic() + self._settings.queue_depth_interval
+            for queue in request.queues:
+                if queue in limited:
+                    self._idle_rest[queue] = (self._hub.heard(queue), until)
+        elif self._idle_rest:
+            for queue in request.queues:
+                self._idle_rest.pop(queue, None)
+        return rest
+
+    def _rest_idle(self, queues: Sequence[str], limited: dict[str, tuple[str, ...]]) -> bool:
+        """Whether the unlimited claim of `queues` can be skipped: every one limits a task
+        type and its last unlimited claim on this replica found nothing, with no notification
+        for it since and for at most QUEUE_DEPTH_INTERVAL (a safety net for a job made ready
+        without one)."""
+        now = time.monotonic()
+        for queue in queues:
+            idle = self._idle_rest.get(queue)
+            if queue not in limited or idle is None:
+                return False
+            if idle[0] != self._hub.heard(queue) or now >= idle[1]:
+                return False
+        return True
 
     async def _claim_pair(
         self, queue: str, task_type: str, request: ClaimRequest, most: int, visibility: int
@@ -454,10 +503,24 @@ class QueueService:
         idle = self._idle_pairs.get(key)
         if idle is not None and idle[0] == heard and time.monotonic() < idle[1]:
             return []
-        claim = await self._repository.claim_limited(
-            queue, task_type, request.worker, most, visibility
-        )
+        lock = self._pair_locks.get(key)
+        if lock is None:
+            if len(self._pair_locks) >= _PAIR_LOCKS_KEPT:
+                self._pair_locks = {k: v for k, v in self._pair_locks.items() if v.locked()}
+            lock = self._pair_locks[key] = asyncio.Lock()
+        # The claims of this replica wait their turn here, holding no connection (a claim
+        # of the pair takes a few milliseconds), so at most one per replica waits for the
+        # pair's advisory lock in PostgreSQL.
+        async with lock:
+            claim = await self._repository.claim_limited(
+                queue, task_type, request.worker, most, visibility
+            )
         self._held_back(queue, task_type, claim)
+        if len(claim.jobs) >= most:
+            # It took all it asked for, so the pair may have more to hand out (tokens left, a
+            # slot free) than waiters will claim before their poll interval: wake one; a
+            # bound that holds it back stops the chain.
+            self._hub.wake(queue, 1)
         if claim.held_by is None and len(claim.jobs) < most:
             # Nothing left waiting (or the pair is no longer limited, or paused: a resume or
             # a limit change notifies every replica).
@@ -468,31 +531,32 @@ class QueueService:
 
     def _held_back(self, queue: str, task_type: str, claim: LimitedClaim) -> None:
         """Count a limited claim that a bound of the pair held back, by the bound; when a
-        token bucket did, wake the queue's long polls on this replica when its next token is
-        due (no busy polling: one wake per token at most, and none while nothing waits)."""
+        token bucket did, wake one long poll on the queue on this replica when its next token
+        is due (no busy polling, and no herd: one wake per token, none while nothing
+        waits)."""
         if claim.held_by is None:
             return
         self._metrics.claims_held_back.labels(queue, task_type, claim.held_by).inc()
         if claim.wait_seconds is not None:
-            now = time.monotonic()
-            self._token_due[queue] = soonest_token(
-                self._token_due.get(queue), now + max(0.001, claim.wait_seconds), now
-            )
+            self._wake_one_in(queue, max(0.001, claim.wait_seconds))
 
-    def _wait_slice(self, queues: Sequence[str], remaining: float) -> float:
-        """How long a long poll on `queues` waits for a wake-up before claiming again: the
-        poll interval, less when a token bucket of one of the queues has its next token
-        sooner (those due are forgotten: the claim about to run spends them)."""
-        wait = min(self._settings.queue_poll_interval, remaining)
-        if self._token_due:
-            now = time.monotonic()
-            for queue in queues:
-                due = self._token_due.get(queue)
-                if due is not None:
-                    if due <= now:
-                        del self._token_due[queue]
-                    wait = min(wait, max(0.0, due - now))
-        return wait
+    def _wake_one_in(self, queue: str, seconds: float) -> None:
+        """Wake one long poll on `queue` in `seconds`, or sooner when a wake already set for
+        it is due sooner (`soonest_token`: one that has passed is replaced). One timer per
+        queue at most, gone once it fires."""
+        now = time.monotonic()
+        known = self._token_wakes.get(queue)
+        due = soonest_token(None if known is None else known[0], now + seconds, now)
+        if known is not None:
+            if known[0] == due:
+                return
+            known[1].cancel()
+        handle = asyncio.get_running_loop().call_later(due - now, self._token_wake, queue)
+        self._token_wakes[queue] = (due, handle)
+
+    def _token_wake(self, queue: str) -> None:
+        self._token_wakes.pop(queue, None)
+        self._hub.wake(queue, 1)
 
     async def _limited_task_types(self) -> dict[str, tuple[str, ...]]:
         """The task types each queue limits, read from PostgreSQL at most once per

@@ -18,7 +18,7 @@ from common.contracts import ConcurrencyLimit, TenantWeight
 from jobq import Client
 from jobq.errors import InvalidInput
 from services.queue.app import create_app
-from services.queue.repository import SHARING_HOLD, JobRepository
+from services.queue.repository import FAIR_JOBS_PER_FLOW, SHARING_HOLD, JobRepository
 from tests.conftest import guarded_services, serving
 from tests.helpers import new_job
 from tests.integration.conftest import replica_settings
@@ -127,16 +127,33 @@ async def test_every_one_of_many_tenants_gets_its_turn(
     for n in range(100):
         await backlog(clean_database, f"t{n:03}", 20)
     served: list[set[str]] = []
-    for _ in range(1 + 4):
+    for _ in range(1 + 25):
         jobs = await repository.claim(["default"], "w", 32, 30)
         assert len(jobs) == 32
         served.append(set(await _tenants(clean_database, [job.id for job in jobs])))
     # The first claim walks the queue (t000's and t001's jobs come first) and learns that it
-    # is shared. A fair claim's window holds at most 32 tenants and the next starts after the
-    # last it served: four fair claims serve all 100 (without the cursor, the first 32 for
-    # ever).
+    # is shared. Without weights a fair claim of 32 looks at 32 / FAIR_JOBS_PER_FLOW = 4
+    # tenants, 8 jobs each, and the next starts after the last it served: 25 fair claims
+    # serve all 100 (without the cursor, the first 4 for ever).
     assert served[0] == {"t000", "t001"}
+    assert all(len(tenants) == 32 // FAIR_JOBS_PER_FLOW for tenants in served[1:]), served
     assert set().union(*served) == {f"t{n:03}" for n in range(100)}
+
+
+async def test_weights_widen_the_window_to_the_whole_batch(
+    repository: JobRepository, clean_database: str
+) -> None:
+    for n in range(16):
+        await backlog(clean_database, f"t{n:02}", 20)
+    await repository.set_weights("default", [_weight("t05", 2)], "test")
+    # The first claim walks the queue (t00's 20 jobs, then 12 of t01's) and learns it is
+    # shared.
+    await repository.claim(["default"], "w", 32, 30)
+    jobs = await repository.claim(["default"], "w", 32, 30)
+    # With weights set, a fair claim of 32 looks at up to 32 tenants, so the 15 with ready
+    # jobs all share it, each ceil(32 x w / 16) jobs: t05 (weight 2) 4, the others 2.
+    tenants = Counter(await _tenants(clean_database, [job.id for job in jobs]))
+    assert tenants == {f"t{n:02}": 4 if n == 5 else 2 for n in range(1, 16)}, tenants
 
 
 async def one_job_claims(repository: JobRepository, database_url: str, count: int) -> Counter[str]:

@@ -582,3 +582,44 @@ async def test_a_limit_change_waits_for_a_claim_of_the_pair_under_way(
         assert await asyncio.wait_for(change, 10) is not None
     finally:
         await claimer.close()
+
+
+async def test_a_limited_queue_without_unlimited_jobs_skips_their_claim_until_notified(
+    clean_database: str, redis_url: str
+) -> None:
+    # As above, with the depth interval's safety net out of the test's reach.
+    settings = replica_settings(clean_database, redis_url).model_copy(
+        update={"queue_depth_interval": 60.0}
+    )
+    async with (
+        serving(create_app(settings)) as first,
+        serving(create_app(replica_settings(clean_database, redis_url))) as second,
+    ):
+        await submit_many(first, "webhook", 3)
+        assert (
+            await put_limits(first, {"taskType": "webhook", "concurrency": 1})
+        ).status_code == 200
+        claim = {"worker": "w", "queues": ["hooks"], "max": 2}
+        reply = await first.post("/jobs/next", json=claim)
+        # The limit's one slot, then the unlimited claim, which finds nothing else: from now
+        # on this replica skips it for the queue.
+        assert [job["taskType"] for job in reply.json()["jobs"]] == ["webhook"]
+        connection = await asyncpg.connect(clean_database)
+        try:  # an unlimited job no notification announced
+            await connection.execute(
+                "INSERT INTO job (id, tenant, queue, task_type, payload, status, max_attempts,"
+                " visible_at) VALUES (gen_random_uuid(), 'default', 'hooks', 'noop', '{}',"
+                " 'PENDING', 5, now())"
+            )
+        finally:
+            await connection.close()
+        assert (await first.post("/jobs/next", json=claim)).status_code == 204
+        # The other replica never skipped it; and a notification ends this replica's skip.
+        other = await second.post("/jobs/next", json=claim)
+        assert [job["taskType"] for job in other.json()["jobs"]] == ["noop"]
+        polled = asyncio.create_task(first.post("/jobs/next", json=claim | {"waitSeconds": 20}))
+        await asyncio.sleep(0.5)
+        await submit_many(second, "noop", 1)
+        reply = await polled
+        assert reply.status_code == 200, reply.text
+        assert [job["taskType"] for job in reply.json()["jobs"]] == ["noop"]
