@@ -5,10 +5,12 @@ queue are not held back; the limits live in PostgreSQL and are shown in `GET /qu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import random
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -520,18 +522,54 @@ async def test_a_claim_held_back_by_a_tenant_at_its_concurrency_says_so(
     assert second.wait_seconds is None
 
 
-async def test_a_limited_type_without_ready_jobs_is_skipped_until_one_is_notified(
-    clean_database: str, redis_url: str
-) -> None:
-    # A depth interval far beyond the test: the safety net that retries an idle pair never
-    # fires, so only a notification can end the skip.
-    settings = replica_settings(clean_database, redis_url).model_copy(
+@contextlib.asynccontextmanager
+async def notified_replicas(
+    database_url: str, redis_url: str
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    """Two replicas, the first with a depth interval far beyond a test: the safety net that
+    ends its skips never fires, so only a notification can."""
+    settings = replica_settings(database_url, redis_url).model_copy(
         update={"queue_depth_interval": 60.0}
     )
     async with (
         serving(create_app(settings)) as first,
-        serving(create_app(replica_settings(clean_database, redis_url))) as second,
+        serving(create_app(replica_settings(database_url, redis_url))) as second,
     ):
+        yield first, second
+
+
+async def unannounced(database_url: str, task_type: str) -> None:
+    """A ready job of `task_type` in queue `hooks` that no notification announced (none of
+    jobq's statements makes one)."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute(
+            "INSERT INTO job (id, tenant, queue, task_type, payload, status, max_attempts,"
+            " visible_at) VALUES (gen_random_uuid(), 'default', 'hooks', $1, '{}',"
+            " 'PENDING', 5, now())",
+            task_type,
+        )
+    finally:
+        await connection.close()
+
+
+async def woken_by_a_submit(
+    first: httpx.AsyncClient, second: httpx.AsyncClient, claim: dict[str, Any], task_type: str
+) -> list[str]:
+    """A long poll of `claim` on `first` while a job of `task_type` is submitted through
+    `second` (which notifies every replica): the task types it was handed."""
+    polled = asyncio.create_task(first.post("/jobs/next", json=claim | {"waitSeconds": 20}))
+    await asyncio.sleep(0.5)
+    await submit_many(second, task_type, 1)
+    reply = await polled
+    assert reply.status_code == 200, reply.text
+    return [job["taskType"] for job in reply.json()["jobs"]]
+
+
+async def test_a_limited_type_without_ready_jobs_is_skipped_until_one_is_notified(
+    clean_database: str, redis_url: str
+) -> None:
+    async with notified_replicas(clean_database, redis_url) as (first, second):
         await submit_many(first, "webhook", 1)
         assert (
             await put_limits(first, {"taskType": "webhook", "concurrency": 5})
@@ -541,24 +579,11 @@ async def test_a_limited_type_without_ready_jobs_is_skipped_until_one_is_notifie
         assert [job["taskType"] for job in reply.json()["jobs"]] == ["webhook"]
         # Nothing of the pair waits now: this claim finds so, and the next ones skip the pair.
         assert (await first.post("/jobs/next", json=claim)).status_code == 204
-        connection = await asyncpg.connect(clean_database)
-        try:  # a ready job no notification announced (none of jobq's statements makes one)
-            await connection.execute(
-                "INSERT INTO job (id, tenant, queue, task_type, payload, status, max_attempts,"
-                " visible_at) VALUES (gen_random_uuid(), 'default', 'hooks', 'webhook', '{}',"
-                " 'PENDING', 5, now())"
-            )
-        finally:
-            await connection.close()
+        await unannounced(clean_database, "webhook")
         assert (await first.post("/jobs/next", json=claim)).status_code == 204
         # A submit through the other replica notifies every replica: the long poll wakes and
         # the pair is claimed again (the unannounced job first, in claim order).
-        polled = asyncio.create_task(first.post("/jobs/next", json=claim | {"waitSeconds": 20}))
-        await asyncio.sleep(0.5)
-        await submit_many(second, "webhook", 1)
-        reply = await polled
-        assert reply.status_code == 200, reply.text
-        assert [job["taskType"] for job in reply.json()["jobs"]] == ["webhook"]
+        assert await woken_by_a_submit(first, second, claim, "webhook") == ["webhook"]
 
 
 async def test_a_limit_change_waits_for_a_claim_of_the_pair_under_way(
@@ -587,14 +612,7 @@ async def test_a_limit_change_waits_for_a_claim_of_the_pair_under_way(
 async def test_a_limited_queue_without_unlimited_jobs_skips_their_claim_until_notified(
     clean_database: str, redis_url: str
 ) -> None:
-    # As above, with the depth interval's safety net out of the test's reach.
-    settings = replica_settings(clean_database, redis_url).model_copy(
-        update={"queue_depth_interval": 60.0}
-    )
-    async with (
-        serving(create_app(settings)) as first,
-        serving(create_app(replica_settings(clean_database, redis_url))) as second,
-    ):
+    async with notified_replicas(clean_database, redis_url) as (first, second):
         await submit_many(first, "webhook", 3)
         assert (
             await put_limits(first, {"taskType": "webhook", "concurrency": 1})
@@ -604,22 +622,9 @@ async def test_a_limited_queue_without_unlimited_jobs_skips_their_claim_until_no
         # The limit's one slot, then the unlimited claim, which finds nothing else: from now
         # on this replica skips it for the queue.
         assert [job["taskType"] for job in reply.json()["jobs"]] == ["webhook"]
-        connection = await asyncpg.connect(clean_database)
-        try:  # an unlimited job no notification announced
-            await connection.execute(
-                "INSERT INTO job (id, tenant, queue, task_type, payload, status, max_attempts,"
-                " visible_at) VALUES (gen_random_uuid(), 'default', 'hooks', 'noop', '{}',"
-                " 'PENDING', 5, now())"
-            )
-        finally:
-            await connection.close()
+        await unannounced(clean_database, "noop")
         assert (await first.post("/jobs/next", json=claim)).status_code == 204
         # The other replica never skipped it; and a notification ends this replica's skip.
         other = await second.post("/jobs/next", json=claim)
         assert [job["taskType"] for job in other.json()["jobs"]] == ["noop"]
-        polled = asyncio.create_task(first.post("/jobs/next", json=claim | {"waitSeconds": 20}))
-        await asyncio.sleep(0.5)
-        await submit_many(second, "noop", 1)
-        reply = await polled
-        assert reply.status_code == 200, reply.text
-        assert [job["taskType"] for job in reply.json()["jobs"]] == ["noop"]
+        assert await woken_by_a_submit(first, second, claim, "noop") == ["noop"]
