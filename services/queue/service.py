@@ -462,15 +462,14 @@ class QueueService:
         statement), or none, without a statement, when `_rest_idle` says none are there."""
         if limited and self._rest_idle(request.queues, limited):
             return []
+        # Marked before the statement: a notification while it runs ends the skip.
+        marks = [(queue, self._idle_mark(queue)) for queue in request.queues if queue in limited]
         rest = await self._repository.claim(request.queues, request.worker, most, visibility)
-        if limited and len(rest) < most:
+        if marks and len(rest) < most:
             # No unlimited job left in these queues: the next claims skip the statement
             # (which reads past the limited types' backlog to find none) until a
             # notification says one of them got ready jobs.
-            until = time.monotonic() + self._settings.queue_depth_interval
-            for queue in request.queues:
-                if queue in limited:
-                    self._idle_rest[queue] = (self._hub.heard(queue), until)
+            self._idle_rest.update(marks)
         elif self._idle_rest:
             for queue in request.queues:
                 self._idle_rest.pop(queue, None)
@@ -481,14 +480,20 @@ class QueueService:
         type and its last unlimited claim on this replica found nothing, with no notification
         for it since and for at most QUEUE_DEPTH_INTERVAL (a safety net for a job made ready
         without one)."""
-        now = time.monotonic()
-        for queue in queues:
-            idle = self._idle_rest.get(queue)
-            if queue not in limited or idle is None:
-                return False
-            if idle[0] != self._hub.heard(queue) or now >= idle[1]:
-                return False
-        return True
+        return all(
+            queue in limited and self._still_idle(queue, self._idle_rest.get(queue))
+            for queue in queues
+        )
+
+    def _idle_mark(self, queue: str) -> tuple[tuple[int, int], float]:
+        """What a claim that found nothing in `queue` keeps: the hub's mark for the queue now,
+        and until when (time.monotonic()) the claim may be skipped (QUEUE_DEPTH_INTERVAL)."""
+        return self._hub.heard(queue), time.monotonic() + self._settings.queue_depth_interval
+
+    def _still_idle(self, queue: str, idle: tuple[tuple[int, int], float] | None) -> bool:
+        """Whether a claim `idle` marked (`_idle_mark`; None: none) may still be skipped: no
+        notification for `queue` since, and its time not up."""
+        return idle is not None and idle[0] == self._hub.heard(queue) and time.monotonic() < idle[1]
 
     async def _claim_pair(
         self, queue: str, task_type: str, request: ClaimRequest, most: int, visibility: int
@@ -499,10 +504,9 @@ class QueueService:
         QUEUE_DEPTH_INTERVAL (a safety net for a job made ready without one). A limited type
         with no ready jobs then costs the other types' claims nothing."""
         key = (queue, task_type)
-        heard = self._hub.heard(queue)
-        idle = self._idle_pairs.get(key)
-        if idle is not None and idle[0] == heard and time.monotonic() < idle[1]:
+        if self._still_idle(queue, self._idle_pairs.get(key)):
             return []
+        mark = self._idle_mark(queue)  # before the claim: a notification during it counts
         lock = self._pair_locks.get(key)
         if lock is None:
             if len(self._pair_locks) >= _PAIR_LOCKS_KEPT:
@@ -524,7 +528,7 @@ class QueueService:
         if claim.held_by is None and len(claim.jobs) < most:
             # Nothing left waiting (or the pair is no longer limited, or paused: a resume or
             # a limit change notifies every replica).
-            self._idle_pairs[key] = (heard, time.monotonic() + self._settings.queue_depth_interval)
+            self._idle_pairs[key] = mark
         else:
             self._idle_pairs.pop(key, None)
         return claim.jobs
