@@ -321,7 +321,7 @@ def test_client_distribution_imports_without_a_framework_or_driver(tmp_path: Pat
     check = """
 import asyncio, importlib.metadata, importlib.util, sys
 import jobq
-from jobq import Client, JobContext, NonRetryable, ProcessorRegistry, Retry, enqueue
+from jobq import AsyncClient, Client, JobContext, NonRetryable, ProcessorRegistry, Retry, enqueue
 from jobq.errors import InvalidInput, JobqError
 assert jobq.__file__.startswith(sys.prefix), jobq.__file__
 import common
@@ -345,6 +345,7 @@ else:
     raise AssertionError("enqueue took an object that is no connection")
 assert issubclass(InvalidInput, JobqError) and JobqError.__module__ == "jobq._core.errors"
 Client("http://127.0.0.1:9").close()
+asyncio.run(AsyncClient("http://127.0.0.1:9").aclose())
 print("ok")
 """
     # -E -s, not -I: the application's directory stays first on sys.path.
