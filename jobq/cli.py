@@ -29,6 +29,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +121,11 @@ def _exit_code(exc: JobqError) -> int:
     return EXIT_REFUSED
 
 
-def _problem_lines(exc: JobqError) -> list[str]:
-    """The error as people read it: title and status, detail, then each JSON pointer."""
+def _problem_lines(exc: JobqError, url: str) -> list[str]:
+    """The error as people read it: title and status, detail, then each JSON pointer; when
+    no answer came, what failed and the `url` asked."""
+    if _exit_code(exc) == EXIT_UNREACHABLE and not isinstance(exc, OutcomeUnknown):
+        return [f"error: {exc.detail} ({url})"]
     lines = [f"error: {exc.title} ({exc.status}): {exc.detail}"]
     lines += [f"  {entry.get('pointer') or '/'}: {entry.get('detail')}" for entry in exc.errors]
     if isinstance(exc, OutcomeUnknown) and exc.idempotency_key:
@@ -144,12 +148,12 @@ class _Group(click.Group):
                     problem["idempotencyKey"] = exc.idempotency_key
                 click.echo(json.dumps(problem), err=True)
             else:
-                for line in _problem_lines(exc):
+                for line in _problem_lines(exc, settings.url if settings else "?"):
                     click.echo(line, err=True)
             ctx.exit(_exit_code(exc))
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(name="jobq", cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--url", metavar="URL", help="The producer's base URL [JOBQ_URL].")
 @click.option("--api-key", metavar="KEY", help="An API key [JOBQ_API_KEY].")
 @click.option("--profile", metavar="NAME", help="A profile of the profile file [JOBQ_PROFILE].")
@@ -200,13 +204,15 @@ def _payload(text: str) -> dict[str, Any]:
         elif text.startswith("@"):
             text = Path(text[1:]).read_text()
     except OSError as exc:
-        raise click.BadParameter(f"cannot read {text[1:]}: {exc.strerror}") from None
+        raise click.BadParameter(
+            f"cannot read {text[1:]}: {exc.strerror}", param_hint="--payload"
+        ) from None
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise click.BadParameter(f"not JSON: {exc}") from None
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
     if not isinstance(value, dict):
-        raise click.BadParameter("the payload must be a JSON object")
+        raise click.BadParameter("the payload must be a JSON object", param_hint="--payload")
     return value
 
 
@@ -431,7 +437,7 @@ def _job_id(value: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not a job id (a UUID)") from None
+        raise click.BadParameter(f"{value!r} is not a job id (a UUID)", param_hint="ID") from None
 
 
 @cli.command()
@@ -475,7 +481,8 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first (an admin key)."""
     settings = _settings()
-    table = Table("id", "queue", "task type", "status", "attempts", "tenant", "created", "error")
+    columns = ("id", "queue", "task type", "status", "attempts", "tenant", "created (UTC)", "error")
+    table = Table(*columns)
     shown = 0
     with settings.client() as client:
         for job in _listed(client, status, queue, task_type, None if every else limit):
@@ -484,7 +491,7 @@ def list_jobs(
                 settings.emit(job)
                 continue
             error = (job.last_error or "")[:_CELL]
-            created = job.created_at.strftime("%Y-%m-%d %H:%M:%S")
+            created = job.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
             cells = (job.queue, job.task_type, job.status, str(job.attempts), job.tenant)
             table.add_row(str(job.id), *cells, created, error)
     if not settings.as_json:
@@ -648,7 +655,7 @@ def _weight(text: str) -> tuple[str, float]:
             raise ValueError
         return tenant, float(number)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not TENANT=WEIGHT") from None
+        raise click.BadParameter(f"{text!r} is not TENANT=WEIGHT", param_hint="WEIGHTS") from None
 
 
 @cli.command()
