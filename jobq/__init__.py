@@ -1,7 +1,8 @@
 """The jobq client library: everything an application needs, from one root.
 
-- `Client`: an httpx client for the producer API (submit, status, list, cancel, retry,
-  redrive), raising the services' own error classes (`jobq.errors`).
+- `Client` and `AsyncClient`: httpx clients for the producer API (submit, status, list,
+  cancel, retry, redrive, queue control), synchronous and for asyncio, with the same methods,
+  errors (`jobq.errors`, the services' own classes) and retries.
 - `enqueue(connection, …)`: create a job through your own asyncpg or SQLAlchemy connection, in
   your own transaction, so it commits or rolls back with your writes (the transactional outbox
   without the outbox table).
@@ -13,11 +14,12 @@ msgspec only, plus the database driver you pass to `enqueue`; importing it loads
 framework and no driver.
 """
 
-from jobq.client import Client
+from jobq.client import AsyncClient, Client
 from jobq.enqueue import enqueue
 from jobq.processors import JobContext, NonRetryable, Processor, ProcessorRegistry, Retry
 
 __all__ = [
+    "AsyncClient",
     "Client",
     "JobContext",
     "NonRetryable",

@@ -1,4 +1,6 @@
-"""`Client`: a small synchronous client for the producer API, built on `httpx.Client`.
+"""`Client` and `AsyncClient`: small clients for the producer API, on `httpx.Client` and
+`httpx.AsyncClient`, with the same methods, errors and retries (the requests are built once,
+as `_Call`s, and sent by either).
 
 Submits never duplicate through the client's own retries: every submit carries an idempotency
 key (the caller's, or one minted per submit), and a submit answered 503, 504 or cut off is sent
@@ -8,14 +10,16 @@ again with that same key, so a retry of one that was in fact created is a replay
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 import time
 import urllib.parse
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar, Unpack
+from typing import Any, Generic, TypeVar, Unpack
 
 import httpx
 import msgspec
@@ -90,8 +94,7 @@ _LIMIT_BOUNDS = {
 """`Client.set_limits` bound names and their wire names."""
 
 
-class Client:
-    """Talk to a jobq producer: `Client("http://127.0.0.1:8080", api_key=…)`.
+_DOC = """Talk to a jobq producer: `{name}("http://127.0.0.1:8080", api_key=…)`.
 
     Requests that fail to connect are retried by httpx's transport (`retries`). Submits carry
     an idempotency key (minted when the caller gives none) and are sent again, with the same
@@ -104,8 +107,175 @@ class Client:
     raises the `jobq.errors` class the producer answered with (InvalidInput, IdempotencyConflict,
     JobNotFound, Unauthorized, ServiceUnavailable, …); a submit whose outcome stayed unknown
     raises OutcomeUnknown (its `idempotency_key`, and `job_id` when the producer gave one).
-    Timeouts are in seconds. Use it as a context manager, or call `close()`.
+    Timeouts are in seconds. Use it as {usage}, or call `{close}`.
     """
+
+
+@dataclass(frozen=True, slots=True)
+class _Call(Generic[T]):
+    """One request of the producer API: `method`, `path`, the JSON `body` (None: none), the
+    query `params`, the type its reply decodes to (`reply`), and for a submit the idempotency
+    key it carries (`key`, reported by OutcomeUnknown)."""
+
+    method: str
+    path: str
+    reply: type[T]
+    body: Any = None
+    params: dict[str, Any] | None = None
+    key: str | None = None
+
+
+def _submit_call(
+    task_type: str, payload: dict[str, Any], options: SubmitOptions
+) -> _Call[SubmitJobResponse]:
+    """`POST /jobs`, keyed (a key minted when `options` has none); raises InvalidInput or
+    PayloadTooLarge for bad input, before anything is sent."""
+    if options.get("idempotency_key") is None:
+        options["idempotency_key"] = minted_key()
+    request = build_request(task_type, payload, **options)
+    return _Call("POST", "/jobs", SubmitJobResponse, request, key=request.idempotency_key)
+
+
+def _batch_call(requests: list[SubmitJobRequest]) -> _Call[BatchSubmitResponse]:
+    """`POST /jobs/batch`, every entry keyed (minted for those without a key)."""
+    keyed = [
+        r
+        if r.idempotency_key is not None
+        else msgspec.structs.replace(r, idempotency_key=minted_key())
+        for r in requests
+    ]
+    body = BatchSubmitRequest(jobs=[msgspec.Raw(msgspec.json.encode(r)) for r in keyed])
+    return _Call("POST", "/jobs/batch", BatchSubmitResponse, body)
+
+
+def _list_call(
+    status: JobStatus | None,
+    queue: str | None,
+    task_type: str | None,
+    limit: int,
+    cursor: str | None,
+    view: ListView,
+) -> _Call[JobList]:
+    params = {"status": status, "queue": queue, "taskType": task_type, "cursor": cursor}
+    if view != "summary":
+        params["view"] = view
+    query = {k: v for k, v in params.items() if v is not None} | {"limit": limit}
+    return _Call("GET", "/jobs", JobList, params=query)
+
+
+def _redrive_call(
+    queue: str | None, task_type: str | None, limit: int | None
+) -> _Call[RedriveResponse]:
+    body = RedriveRequest(queue=queue, task_type=task_type, limit=limit)
+    return _Call("POST", "/dead-letter/redrive", RedriveResponse, body)
+
+
+def _limits_call(queue: str, limits: Mapping[str, Mapping[str, float]]) -> _Call[QueueState]:
+    """`PUT /queues/{queue}/limits`; raises InvalidInput for an unknown bound, sending
+    nothing."""
+    entries: list[dict[str, Any]] = []
+    for task_type, bounds in limits.items():
+        unknown = set(bounds) - set(_LIMIT_BOUNDS)
+        if unknown:
+            raise InvalidInput(
+                f"unknown limit {sorted(unknown)[0]!r} for {task_type!r}",
+                errors=[{"pointer": f"/limits/{len(entries)}", "detail": "unknown bound"}],
+            )
+        entry: dict[str, Any] = {"taskType": task_type}
+        for name, value in bounds.items():
+            entry[_LIMIT_BOUNDS[name]] = value
+        entries.append(entry)
+    return _Call("PUT", f"/queues/{_segment(queue)}/limits", QueueState, {"limits": entries})
+
+
+def _weights_call(queue: str, weights: Mapping[str, float]) -> _Call[QueueState]:
+    entries = [{"tenant": tenant, "weight": weight} for tenant, weight in weights.items()]
+    return _Call("PUT", f"/queues/{_segment(queue)}/weights", QueueState, {"weights": entries})
+
+
+def _job_call(job_id: uuid.UUID | str, action: str = "") -> _Call[JobView]:
+    """`GET /jobs/{id}`, or `POST /jobs/{id}/{action}`."""
+    if action:
+        return _Call("POST", f"/jobs/{job_id}/{action}", JobView)
+    return _Call("GET", f"/jobs/{job_id}", JobView)
+
+
+def _queue_call(queue: str, action: str) -> _Call[QueueState]:
+    """`POST /queues/{queue}/{action}` (pause, resume)."""
+    return _Call("POST", f"/queues/{_segment(queue)}/{action}", QueueState)
+
+
+def _content(call: _Call[Any]) -> tuple[bytes | None, dict[str, str] | None]:
+    """The request's body and headers."""
+    if call.body is None:
+        return None, None
+    return msgspec.json.encode(call.body), {"Content-Type": "application/json"}
+
+
+def _transport_failure(method: str, exc: httpx.TransportError) -> JobqError:
+    """What a transport failure means: ServiceUnavailable when the request cannot have been
+    applied (it never left, or it was a read), else OutcomeUnknown."""
+    if isinstance(exc, _NOT_SENT):
+        return ServiceUnavailable(f"jobq unreachable: {type(exc).__name__}")
+    if method == "GET":
+        return ServiceUnavailable(f"jobq did not answer: {type(exc).__name__}")
+    return OutcomeUnknown(
+        f"jobq did not answer: {type(exc).__name__}; the request may have been applied"
+    )
+
+
+def _reply(call: _Call[T], response: httpx.Response) -> T:
+    """The decoded reply; raises the `jobq.errors` class of a problem-details answer, or
+    JobqError for a reply that is not the expected shape."""
+    if not response.is_success:
+        try:
+            problem = response.json()
+        except ValueError:
+            problem = None
+        error = from_problem(problem, response.status_code)
+        if isinstance(error, ServiceUnavailable):
+            error.retry_after = _seconds(response.headers.get("Retry-After"))
+        raise error
+    try:
+        return msgspec.json.decode(response.content, type=call.reply)
+    except msgspec.DecodeError as exc:
+        raise JobqError(f"unexpected reply from {call.path}: {exc}") from exc
+
+
+class _SubmitAttempts:
+    """The retry policy of one submit: sent again while answered 503/504 or cut off, at most
+    `retries` times; OutcomeUnknown (with the submit's `key`) at the end if any attempt may
+    have been applied."""
+
+    def __init__(self, retries: int, key: str | None) -> None:
+        self._retries = retries
+        self._key = key
+        self._attempt = 0
+        self._uncertain: OutcomeUnknown | None = None
+
+    def pause_after(self, exc: JobqError) -> float:
+        """Seconds to wait before sending the submit again after `exc`; raises `exc` (or the
+        OutcomeUnknown seen, with the key) when it is not to be sent again."""
+        if not _retryable(exc):
+            raise exc
+        if isinstance(exc, OutcomeUnknown):
+            self._uncertain = exc
+        if self._attempt == self._retries:
+            if self._uncertain is not None:
+                raise _unknown(self._uncertain, self._key) from exc
+            raise exc
+        self._attempt += 1
+        return _pause(self._attempt - 1, exc)
+
+
+def _transport(
+    kind: type[httpx.HTTPTransport] | type[httpx.AsyncHTTPTransport], retries: int
+) -> Any:
+    return kind(retries=retries, limits=httpx.Limits(keepalive_expiry=CLIENT_IDLE_SECONDS))
+
+
+class Client:
+    __doc__ = _DOC.format(name="Client", usage="a context manager", close="close()")
 
     def __init__(
         self,
@@ -123,10 +293,7 @@ class Client:
             base_url=base_url,
             headers=headers,
             timeout=timeout,
-            transport=transport
-            or httpx.HTTPTransport(
-                retries=retries, limits=httpx.Limits(keepalive_expiry=CLIENT_IDLE_SECONDS)
-            ),
+            transport=transport or _transport(httpx.HTTPTransport, retries),
         )
 
     def __enter__(self) -> Client:
@@ -152,47 +319,18 @@ class Client:
         Without an `idempotency_key` one is minted for this submit, so the client's own
         retries are replays. Bad input raises InvalidInput/PayloadTooLarge before anything is
         sent; OutcomeUnknown when the job may or may not exist after the last retry."""
-        if options.get("idempotency_key") is None:
-            options["idempotency_key"] = minted_key()
-        request = build_request(task_type, payload, **options)
-        return self._submit("/jobs", SubmitJobResponse, request, request.idempotency_key)
+        return self._submit(_submit_call(task_type, payload, options))
 
     def submit_batch(self, requests: list[SubmitJobRequest]) -> BatchSubmitResponse:
         """Submit up to 500 jobs; each gets its own result (202, 200, 409, 413 or 422).
 
         Entries without an idempotency key get one minted, so a retried batch replays the
         entries already created; retried like `submit`."""
-        keyed = [
-            r
-            if r.idempotency_key is not None
-            else msgspec.structs.replace(r, idempotency_key=minted_key())
-            for r in requests
-        ]
-        body = BatchSubmitRequest(jobs=[msgspec.Raw(msgspec.json.encode(r)) for r in keyed])
-        return self._submit("/jobs/batch", BatchSubmitResponse, body, None)
-
-    def _submit(self, path: str, type_: type[T], body: Any, key: str | None) -> T:
-        """POST a submit, retried with the same body (so the same keys) while it is answered
-        503/504 or cut off; OutcomeUnknown at the end if any attempt may have been applied."""
-        uncertain: OutcomeUnknown | None = None
-        for attempt in range(self._submit_retries + 1):
-            try:
-                return self._call("POST", path, type_, body)
-            except JobqError as exc:
-                if not _retryable(exc):
-                    raise
-                if isinstance(exc, OutcomeUnknown):
-                    uncertain = exc
-                if attempt == self._submit_retries:
-                    if uncertain is not None:
-                        raise _unknown(uncertain, key) from exc
-                    raise
-                time.sleep(_pause(attempt, exc))
-        raise AssertionError("unreachable")
+        return self._submit(_batch_call(requests))
 
     def get(self, job_id: uuid.UUID | str) -> JobView:
         """The job's current view."""
-        return self._call("GET", f"/jobs/{job_id}", JobView)
+        return self._call(_job_call(job_id))
 
     def list(
         self,
@@ -207,36 +345,31 @@ class Client:
         """One page of jobs, newest first (admin key); pass `next_cursor` for the next page.
         Jobs come without payload, errors and result unless `view="full"`; a page stops at
         `limit` jobs or 1 MiB of JSON."""
-        params = {"status": status, "queue": queue, "taskType": task_type, "cursor": cursor}
-        if view != "summary":
-            params["view"] = view
-        query = {k: v for k, v in params.items() if v is not None} | {"limit": limit}
-        return self._call("GET", "/jobs", JobList, params=query)
+        return self._call(_list_call(status, queue, task_type, limit, cursor, view))
 
     def cancel(self, job_id: uuid.UUID | str) -> JobView:
         """Cancel a job (admin key); a running one is stopped by its worker."""
-        return self._call("POST", f"/jobs/{job_id}/cancel", JobView)
+        return self._call(_job_call(job_id, "cancel"))
 
     def retry(self, job_id: uuid.UUID | str) -> JobView:
         """Run a dead-lettered or cancelled job again (admin key)."""
-        return self._call("POST", f"/jobs/{job_id}/retry", JobView)
+        return self._call(_job_call(job_id, "retry"))
 
     def redrive(
         self, *, queue: str | None = None, task_type: str | None = None, limit: int | None = None
     ) -> int:
         """Move dead-lettered jobs back to PENDING (admin key); returns how many moved."""
-        body = RedriveRequest(queue=queue, task_type=task_type, limit=limit)
-        return self._call("POST", "/dead-letter/redrive", RedriveResponse, body).moved
+        return self._call(_redrive_call(queue, task_type, limit)).moved
 
     def pause(self, queue: str) -> QueueState:
         """Pause `queue` (an admin key of tenant `*`): it keeps taking submits but hands out
         nothing until `resume`; running jobs finish. Returns its state. Raises Forbidden for
         another key, QueueNotFound for a queue that has no job and was never paused."""
-        return self._call("POST", f"/queues/{_segment(queue)}/pause", QueueState)
+        return self._call(_queue_call(queue, "pause"))
 
     def resume(self, queue: str) -> QueueState:
         """Resume a paused `queue` (an admin key of tenant `*`); returns its state."""
-        return self._call("POST", f"/queues/{_segment(queue)}/resume", QueueState)
+        return self._call(_queue_call(queue, "resume"))
 
     def set_limits(self, queue: str, limits: Mapping[str, Mapping[str, float]]) -> QueueState:
         """Replace `queue`'s limits (an admin key of tenant `*`), by task type:
@@ -247,20 +380,7 @@ class Client:
         left out, not all; `{}` removes every limit. Returns the queue's state. Raises
         InvalidInput for a bad limit or an unknown bound (nothing is changed), Forbidden for
         another key, QueueNotFound for a queue that has no job and no state."""
-        entries: list[dict[str, Any]] = []
-        for task_type, bounds in limits.items():
-            unknown = set(bounds) - set(_LIMIT_BOUNDS)
-            if unknown:
-                raise InvalidInput(
-                    f"unknown limit {sorted(unknown)[0]!r} for {task_type!r}",
-                    errors=[{"pointer": f"/limits/{len(entries)}", "detail": "unknown bound"}],
-                )
-            entry: dict[str, Any] = {"taskType": task_type}
-            for name, value in bounds.items():
-                entry[_LIMIT_BOUNDS[name]] = value
-            entries.append(entry)
-        path = f"/queues/{_segment(queue)}/limits"
-        return self._call("PUT", path, QueueState, body={"limits": entries})
+        return self._call(_limits_call(queue, limits))
 
     def set_weights(self, queue: str, weights: Mapping[str, float]) -> QueueState:
         """Replace the tenants' weights in `queue`'s fair share (an admin key of tenant `*`):
@@ -269,20 +389,19 @@ class Client:
         1,000); `{}` makes every tenant weigh 1 again. Returns the queue's state. Raises
         InvalidInput for a bad weight or tenant name (nothing is changed), Forbidden for
         another key, QueueNotFound for a queue that has no job and no state."""
-        entries = [{"tenant": tenant, "weight": weight} for tenant, weight in weights.items()]
-        path = f"/queues/{_segment(queue)}/weights"
-        return self._call("PUT", path, QueueState, body={"weights": entries})
+        return self._call(_weights_call(queue, weights))
 
-    def _call(
-        self,
-        method: str,
-        path: str,
-        type_: type[T],
-        body: Any = None,
-        params: dict[str, Any] | None = None,
-    ) -> T:
-        content = None if body is None else msgspec.json.encode(body)
-        headers = {"Content-Type": "application/json"} if content is not None else None
+    def _submit(self, call: _Call[T]) -> T:
+        attempts = _SubmitAttempts(self._submit_retries, call.key)
+        while True:
+            try:
+                return self._call(call)
+            except JobqError as exc:
+                time.sleep(attempts.pause_after(exc))
+
+    def _call(self, call: _Call[T]) -> T:
+        content, headers = _content(call)
+        method, path, params = call.method, call.path, call.params
         try:
             try:
                 response = self._http.request(
@@ -292,27 +411,130 @@ class Client:
                 if method != "GET":
                     raise
                 response = self._http.request(method, path, params=params)
-        except _NOT_SENT as exc:
-            raise ServiceUnavailable(f"jobq unreachable: {type(exc).__name__}") from exc
         except httpx.TransportError as exc:
-            if method == "GET":
-                raise ServiceUnavailable(f"jobq did not answer: {type(exc).__name__}") from exc
-            raise OutcomeUnknown(
-                f"jobq did not answer: {type(exc).__name__}; the request may have been applied"
-            ) from exc
-        if not response.is_success:
+            raise _transport_failure(method, exc) from exc
+        return _reply(call, response)
+
+
+class AsyncClient:
+    __doc__ = _DOC.format(
+        name="AsyncClient", usage="an async context manager", close="await aclose()"
+    )
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 10.0,
+        retries: int = 2,
+        submit_retries: int = 3,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._submit_retries = submit_retries
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            headers=headers,
+            timeout=timeout,
+            transport=transport or _transport(httpx.AsyncHTTPTransport, retries),
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def submit(
+        self, task_type: str, payload: dict[str, Any], **options: Unpack[SubmitOptions]
+    ) -> SubmitJobResponse:
+        """As `Client.submit`."""
+        return await self._submit(_submit_call(task_type, payload, options))
+
+    async def submit_batch(self, requests: list[SubmitJobRequest]) -> BatchSubmitResponse:
+        """As `Client.submit_batch`."""
+        return await self._submit(_batch_call(requests))
+
+    async def get(self, job_id: uuid.UUID | str) -> JobView:
+        """As `Client.get`."""
+        return await self._call(_job_call(job_id))
+
+    async def list(
+        self,
+        *,
+        status: JobStatus | None = None,
+        queue: str | None = None,
+        task_type: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        view: ListView = "summary",
+    ) -> JobList:
+        """As `Client.list`."""
+        return await self._call(_list_call(status, queue, task_type, limit, cursor, view))
+
+    async def cancel(self, job_id: uuid.UUID | str) -> JobView:
+        """As `Client.cancel`."""
+        return await self._call(_job_call(job_id, "cancel"))
+
+    async def retry(self, job_id: uuid.UUID | str) -> JobView:
+        """As `Client.retry`."""
+        return await self._call(_job_call(job_id, "retry"))
+
+    async def redrive(
+        self, *, queue: str | None = None, task_type: str | None = None, limit: int | None = None
+    ) -> int:
+        """As `Client.redrive`."""
+        return (await self._call(_redrive_call(queue, task_type, limit))).moved
+
+    async def pause(self, queue: str) -> QueueState:
+        """As `Client.pause`."""
+        return await self._call(_queue_call(queue, "pause"))
+
+    async def resume(self, queue: str) -> QueueState:
+        """As `Client.resume`."""
+        return await self._call(_queue_call(queue, "resume"))
+
+    async def set_limits(self, queue: str, limits: Mapping[str, Mapping[str, float]]) -> QueueState:
+        """As `Client.set_limits`."""
+        return await self._call(_limits_call(queue, limits))
+
+    async def set_weights(self, queue: str, weights: Mapping[str, float]) -> QueueState:
+        """As `Client.set_weights`."""
+        return await self._call(_weights_call(queue, weights))
+
+    async def _submit(self, call: _Call[T]) -> T:
+        attempts = _SubmitAttempts(self._submit_retries, call.key)
+        while True:
             try:
-                problem = response.json()
-            except ValueError:
-                problem = None
-            error = from_problem(problem, response.status_code)
-            if isinstance(error, ServiceUnavailable):
-                error.retry_after = _seconds(response.headers.get("Retry-After"))
-            raise error
+                return await self._call(call)
+            except JobqError as exc:
+                await asyncio.sleep(attempts.pause_after(exc))
+
+    async def _call(self, call: _Call[T]) -> T:
+        content, headers = _content(call)
+        method, path, params = call.method, call.path, call.params
         try:
-            return msgspec.json.decode(response.content, type=type_)
-        except msgspec.DecodeError as exc:
-            raise JobqError(f"unexpected reply from {path}: {exc}") from exc
+            try:
+                response = await self._http.request(
+                    method, path, content=content, headers=headers, params=params
+                )
+            except _CLOSED_UNANSWERED:
+                if method != "GET":
+                    raise
+                response = await self._http.request(method, path, params=params)
+        except httpx.TransportError as exc:
+            raise _transport_failure(method, exc) from exc
+        return _reply(call, response)
 
 
 def _pause(attempt: int, exc: JobqError) -> float:

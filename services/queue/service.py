@@ -345,8 +345,8 @@ class QueueService:
     ) -> tuple[list[Claimed], list[AckResult]]:
         """Claim up to `request.max` jobs, long-polling up to `request.wait_seconds`; complete
         the jobs in `request.acks` first, in the same statement as the claim (in a statement
-        of their own before it when the request's queues have concurrency limits, so the
-        slots they free count).
+        of their own before it when a task type the request's queues limit may have jobs
+        waiting, `_limited_may_wait`, so the slots they free count).
 
         Returns the jobs claimed and one outcome per ack (as `ack_many`), as soon as at least
         one job is claimed; no jobs when none arrived in time, when the service is shutting
@@ -358,7 +358,7 @@ class QueueService:
         visibility = request.visibility_timeout or self._settings.queue_visibility_timeout
         limited = await self._limited_task_types()
         if request.acks:
-            if any(queue in limited for queue in request.queues):
+            if self._limited_may_wait(request.queues, limited):
                 # The acks first, so the slots they free count for this claim's limited jobs.
                 acks = await self._acked(request.acks, "/acks")
                 started = time.perf_counter()
@@ -474,6 +474,18 @@ class QueueService:
             for queue in request.queues:
                 self._idle_rest.pop(queue, None)
         return rest
+
+    def _limited_may_wait(self, queues: Sequence[str], limited: dict[str, tuple[str, ...]]) -> bool:
+        """Whether a limited pair of `queues` may have jobs waiting: one that `_claim_pair`
+        would not skip. Only then do a claim's acks go in a statement of their own, so the
+        slots they free count for the pair's claim; otherwise acks and claim are one
+        statement, as in a queue without limits (the claim statement leaves the limited
+        types alone either way)."""
+        return any(
+            not self._still_idle(queue, self._idle_pairs.get((queue, task_type)))
+            for queue in queues
+            for task_type in limited.get(queue, ())
+        )
 
     def _rest_idle(self, queues: Sequence[str], limited: dict[str, tuple[str, ...]]) -> bool:
         """Whether the unlimited claim of `queues` can be skipped: every one limits a task

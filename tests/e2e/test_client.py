@@ -10,9 +10,10 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from common.errors import IdempotencyConflict, InvalidInput, JobNotFound
-from infra.stack import LocalStack
-from jobq import Client, enqueue
+from common.errors import IdempotencyConflict, InvalidInput, JobNotFound, ServiceUnavailable
+from infra.stack import LocalStack, free_port
+from jobq import AsyncClient, Client, enqueue
+from jobq.request import build_request
 from services.queue.settings import async_database_url
 
 
@@ -93,3 +94,36 @@ async def test_http_client_round_trip(stack: LocalStack) -> None:
         assert len(page.items) <= 5 and page.items
         with pytest.raises(InvalidInput):
             client.submit("noop", {}, priority=5000)
+
+
+async def test_async_client_round_trip(stack: LocalStack) -> None:
+    async with AsyncClient(stack.producer) as client:
+        created = await client.submit("noop", {"n": 1}, priority=3)
+        deadline = asyncio.get_running_loop().time() + 20
+        while (await client.get(created.job_id)).status != "COMPLETED":
+            assert asyncio.get_running_loop().time() < deadline, "the job did not complete"
+            await asyncio.sleep(0.05)
+        later = await client.submit("noop", {"n": 2}, delay_seconds=600)
+        assert (await client.cancel(later.job_id)).status == "CANCELLED"
+        assert (await client.retry(later.job_id)).status == "PENDING"
+        page = await client.list(limit=5, view="full")
+        assert 0 < len(page.items) <= 5
+        batch = await client.submit_batch(
+            [build_request("noop", {"i": i}, queue="async-batch") for i in range(3)]
+        )
+        assert [result.status for result in batch.results] == [202, 202, 202]
+        assert await client.redrive(queue="async-batch") == 0
+        assert (await client.pause("async-batch")).paused
+        state = await client.set_limits("async-batch", {"noop": {"concurrency": 2}})
+        assert state.limits[0].concurrency == 2
+        state = await client.set_weights("async-batch", {"acme": 2})
+        assert state.weights[0].weight == 2
+        assert not (await client.resume("async-batch")).paused
+        with pytest.raises(InvalidInput):
+            await client.submit("noop", {}, priority=5000)
+        with pytest.raises(JobNotFound):
+            await client.get(uuid.uuid4())
+    unreachable = AsyncClient(f"http://127.0.0.1:{free_port()}", retries=0, submit_retries=0)
+    async with unreachable:
+        with pytest.raises(ServiceUnavailable, match="unreachable"):
+            await unreachable.get(uuid.uuid4())

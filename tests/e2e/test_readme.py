@@ -146,7 +146,7 @@ class Reader:
             return
         done = self._bash(self._script(command.text), timeout=90)
         assert done.returncode == 0, f"{command.text!r} failed: {done.stderr}"
-        if word == "eval" or re.match(r"^[A-Z_]+=\(", command.text):
+        if word in {"eval", "export"} or re.match(r"^[A-Z_]+=\(", command.text):
             self.prelude.append(command.text)
 
     def _request(self, command: Command) -> None:

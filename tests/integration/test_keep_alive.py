@@ -32,7 +32,7 @@ from common.web import http
 from common.web.http import ServiceClient
 from common.web.settings import HttpServiceSettings
 from infra.stack import free_port
-from jobq import Client
+from jobq import AsyncClient, Client
 
 LIST_REPLY = msgspec.json.encode(JobList(items=[], next_cursor=None))
 
@@ -145,6 +145,24 @@ def test_the_client_library_resends_a_keyed_submit_but_not_a_cancel() -> None:
         with pytest.raises(ServiceUnavailable):
             client.cancel(new_job_id())  # not replayable: the caller decides
         assert server.requests == 4 and server.connections == 2
+
+
+async def test_the_async_client_reads_again_and_resends_only_keyed_submits(
+    closing_server: ClosingServer,
+) -> None:
+    async with AsyncClient(closing_server.url) as client:
+        await client.list()
+        await client.list()  # the server closes the reused connection instead of answering
+    assert closing_server.requests == 3 and closing_server.connections == 2
+    reply = msgspec.json.encode(SubmitJobResponse(job_id=new_job_id(), status=JobStatus.PENDING))
+    with ClosingServer(reply) as server:
+        async with AsyncClient(server.url) as client:
+            await client.submit("noop", {}, idempotency_key="first")
+            await client.submit("noop", {})  # keyed too: the client mints one
+            assert server.requests == 3 and server.connections == 2
+            with pytest.raises(ServiceUnavailable):
+                await client.cancel(new_job_id())  # not replayable: the caller decides
+            assert server.requests == 4 and server.connections == 2
 
 
 def test_the_client_library_does_not_reuse_a_connection_idle_past_its_expiry() -> None:

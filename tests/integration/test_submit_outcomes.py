@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from jobq import Client
+from jobq import AsyncClient, Client
 from services.producer.app import create_app as create_producer
 from services.producer.settings import ProducerSettings
 from services.queue.app import create_app as create_queue
@@ -230,8 +230,9 @@ def _submitted_keys(raw: bytes) -> list[str | None]:
     return keys
 
 
+@pytest.mark.parametrize("kind", ["Client", "AsyncClient"])
 async def test_the_client_library_retries_a_lost_submit_with_the_same_key(
-    queue_port: int, repository: JobRepository
+    queue_port: int, repository: JobRepository, kind: str
 ) -> None:
     settings = ProducerSettings(queue_service_url=f"http://127.0.0.1:{queue_port}")
     async with serving(create_producer(settings)) as producer:
@@ -243,7 +244,11 @@ async def test_the_client_library_retries_a_lost_submit_with_the_same_key(
                 with Client(url) as client:
                     return str(client.submit("noop", {"n": 1}).job_id)
 
-            job_id = await asyncio.to_thread(submit)
+            if kind == "Client":
+                job_id = await asyncio.to_thread(submit)
+            else:
+                async with AsyncClient(url) as client:
+                    job_id = str((await client.submit("noop", {"n": 1})).job_id)
 
     keys = _submitted_keys(relay.sent)
     assert len(keys) == 2, "the lost submit was sent again"

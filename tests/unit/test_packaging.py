@@ -293,6 +293,10 @@ def test_client_distribution_installs_only_the_jobq_namespace(tmp_path: Path) ->
         if line.startswith("Requires-Dist:")
     ]
     assert {r.name for r in requires if r.marker is None} == {"httpx", "msgspec"}
+    cli = {r.name for r in requires if r.marker and r.marker.evaluate({"extra": "cli"})}
+    assert cli - {"httpx", "msgspec"} == {"click", "rich"}
+    [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert "jobq = jobq.command:main" in archive.read(entry_points).decode()
 
 
 def test_client_distribution_imports_without_a_framework_or_driver(tmp_path: Path) -> None:
@@ -317,7 +321,7 @@ def test_client_distribution_imports_without_a_framework_or_driver(tmp_path: Pat
     check = """
 import asyncio, importlib.metadata, importlib.util, sys
 import jobq
-from jobq import Client, JobContext, NonRetryable, ProcessorRegistry, Retry, enqueue
+from jobq import AsyncClient, Client, JobContext, NonRetryable, ProcessorRegistry, Retry, enqueue
 from jobq.errors import InvalidInput, JobqError
 assert jobq.__file__.startswith(sys.prefix), jobq.__file__
 import common
@@ -341,6 +345,7 @@ else:
     raise AssertionError("enqueue took an object that is no connection")
 assert issubclass(InvalidInput, JobqError) and JobqError.__module__ == "jobq._core.errors"
 Client("http://127.0.0.1:9").close()
+asyncio.run(AsyncClient("http://127.0.0.1:9").aclose())
 print("ok")
 """
     # -E -s, not -I: the application's directory stays first on sys.path.
@@ -350,6 +355,14 @@ print("ok")
         env={"PATH": os.environ.get("PATH", "")},
     )  # fmt: skip
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+    # The console script: without the `cli` extra it says how to get it; with it, it runs.
+    script = [str(venv / "bin" / "jobq"), "--help"]
+    env = {"PATH": os.environ.get("PATH", "")}
+    bare = subprocess.run(script, capture_output=True, text=True, check=False, env=env)
+    assert bare.returncode == 2 and "pip install 'jobq[cli]'" in bare.stderr, bare.stderr
+    _link_distributions(_installed_closure(["click", "rich"]), site)
+    full = subprocess.run(script, capture_output=True, text=True, check=False, env=env)
+    assert full.returncode == 0 and "submit" in full.stdout and "redrive" in full.stdout, full
 
 
 def test_client_errors_module_exports_every_error_class() -> None:
