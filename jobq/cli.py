@@ -27,7 +27,7 @@ import time
 import tomllib
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
@@ -605,22 +605,26 @@ def _show_state(settings: Settings, state: QueueState) -> None:
         settings.out.print(f"  weight {weight.tenant}: {weight.weight}", highlight=False)
 
 
+def _change_state(change: Callable[[Client], QueueState]) -> None:
+    """Make one queue-state change through a client; print the state it answered with."""
+    settings = _settings()
+    with settings.client() as client:
+        state = change(client)
+    _show_state(settings, state)
+
+
 @cli.command()
 @click.argument("queue")
 def pause(queue: str) -> None:
     """Pause QUEUE: it takes submits but hands out nothing (an admin key of tenant *)."""
-    settings = _settings()
-    with settings.client() as client:
-        _show_state(settings, client.pause(queue))
+    _change_state(lambda client: client.pause(queue))
 
 
 @cli.command()
 @click.argument("queue")
 def resume(queue: str) -> None:
     """Resume a paused QUEUE (an admin key of tenant *)."""
-    settings = _settings()
-    with settings.client() as client:
-        _show_state(settings, client.resume(queue))
+    _change_state(lambda client: client.resume(queue))
 
 
 def _json_object(text: str, hint: str) -> dict[str, Any]:
@@ -640,12 +644,10 @@ def limits(queue: str, limits: str) -> None:
     """Replace QUEUE's limits by task type, e.g.
     '{"webhook": {"concurrency": 20, "tenant_concurrency": 3, "rate": 50, "burst": 10}}'
     ('{}' removes them; an admin key of tenant *)."""
-    settings = _settings()
     by_type = _json_object(limits, "JSON")
     if not all(isinstance(bounds, dict) for bounds in by_type.values()):
         raise click.BadParameter("each task type's limits must be a JSON object", param_hint="JSON")
-    with settings.client() as client:
-        _show_state(settings, client.set_limits(queue, by_type))
+    _change_state(lambda client: client.set_limits(queue, by_type))
 
 
 def _weight(text: str) -> tuple[str, float]:
@@ -664,10 +666,8 @@ def _weight(text: str) -> tuple[str, float]:
 def weights(queue: str, weights: tuple[str, ...]) -> None:
     """Replace QUEUE's tenant weights in the fair share, e.g. `acme=3` (none: every tenant
     weighs 1; an admin key of tenant *)."""
-    settings = _settings()
     parsed = dict(_weight(text) for text in weights)
-    with settings.client() as client:
-        _show_state(settings, client.set_weights(queue, parsed))
+    _change_state(lambda client: client.set_weights(queue, parsed))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -274,6 +274,12 @@ def _transport(
     return kind(retries=retries, limits=httpx.Limits(keepalive_expiry=CLIENT_IDLE_SECONDS))
 
 
+def _http_options(base_url: str, api_key: str | None, timeout: float) -> dict[str, Any]:
+    """The httpx client options both clients take: base URL, bearer key, timeout (seconds)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return {"base_url": base_url, "headers": headers, "timeout": timeout}
+
+
 class Client:
     __doc__ = _DOC.format(name="Client", usage="a context manager", close="close()")
 
@@ -288,11 +294,8 @@ class Client:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._submit_retries = submit_retries
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
-            base_url=base_url,
-            headers=headers,
-            timeout=timeout,
+            **_http_options(base_url, api_key, timeout),
             transport=transport or _transport(httpx.HTTPTransport, retries),
         )
 
@@ -432,11 +435,8 @@ class AsyncClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._submit_retries = submit_retries
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
-            base_url=base_url,
-            headers=headers,
-            timeout=timeout,
+            **_http_options(base_url, api_key, timeout),
             transport=transport or _transport(httpx.AsyncHTTPTransport, retries),
         )
 

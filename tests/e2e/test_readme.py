@@ -118,9 +118,13 @@ class Reader:
         self.last_id: str | None = None
         self.last_handle: str | None = None
 
-    def _script(self, command: str) -> str:
+    def _local(self, command: str) -> str:
+        """The command with the README's ports replaced by the test stack's."""
         text = command.replace("localhost:8080", f"127.0.0.1:{self.stack.producer_port}")
-        text = text.replace("localhost:8081", f"127.0.0.1:{self.stack.queue_port}")
+        return text.replace("localhost:8081", f"127.0.0.1:{self.stack.queue_port}")
+
+    def _script(self, command: str) -> str:
+        text = self._local(command)
         if "<id>" in text:
             assert self.last_id, f"no job id seen before {command!r}"
             text = text.replace("<id>", self.last_id)
@@ -147,7 +151,7 @@ class Reader:
         done = self._bash(self._script(command.text), timeout=90)
         assert done.returncode == 0, f"{command.text!r} failed: {done.stderr}"
         if word in {"eval", "export"} or re.match(r"^[A-Z_]+=\(", command.text):
-            self.prelude.append(command.text)
+            self.prelude.append(self._local(command.text))  # e.g. JOBQ_URL=http://localhost:8080
 
     def _request(self, command: Command) -> None:
         deadline = time.monotonic() + 30

@@ -328,7 +328,11 @@ import common
 assert common.OWNER == "app", common.__file__
 assert [m for m in sys.modules if m == "common" or m.startswith("common.")] == ["common"]
 files = importlib.metadata.distribution("jobq").files
-assert {f.parts[0] for f in files if not f.parts[0].endswith(".dist-info")} == {"jobq"}, files
+# The package, its metadata and the `jobq` console script (installed into the environment's bin).
+scripts = {f.name for f in files if f.parts[0] == ".."}
+assert scripts == {"jobq"}, files
+top = {f.parts[0] for f in files if f.parts[0] != ".." and not f.parts[0].endswith(".dist-info")}
+assert top == {"jobq"}, files
 for name in ("litestar", "uvicorn", "prometheus_client", "aiohttp", "sqlalchemy", "asyncpg",
              "pydantic", "services"):
     assert name not in sys.modules, name
