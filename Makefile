@@ -161,6 +161,11 @@ bench-compare: install ## Burn-down and submits of BEFORE=<rev> and this checkou
 	@test -n "$(BEFORE)" || { echo "usage: make bench-compare BEFORE=<commit> [COMPARE_ARGS=...]"; exit 2; }
 	$(BIN)/python -m benchmark.compare --before $(BEFORE) $(COMPARE_ARGS)
 
+PROFILE_ARGS ?=
+.PHONY: profile
+profile: install ## One burn-down with py-spy on the queue service and workers: CPU µs per job by process, top frames [PROFILE_ARGS="--jobs 150000"]
+	$(BIN)/python -m benchmark.profile $(PROFILE_ARGS)
+
 .PHONY: clean
 clean: ## Remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,180 @@
+"""Where a burn-down's CPU goes: `python -m benchmark.profile` (`make profile`).
+
+Runs one burn-down of `--jobs` pre-inserted `noop` jobs by `--replicas` x `--slots` worker
+processes against a queue service of this checkout (`benchmark.burndown`'s backlog and gate),
+samples the queue service and every worker with py-spy (`--rate` Hz for `--seconds` seconds,
+starting half a second after the gate opens; only while a thread holds the GIL, so waiting in
+epoll is not counted) and reads each process class's CPU time
+(psutil, `benchmark.processes`: PostgreSQL's backends of the benchmark database included,
+which py-spy cannot see). Prints, per process class, CPU microseconds per job and the frames
+with the most samples (their own, and including what they call), and writes the whole
+summary to `.jobq/profile-<stamp>/profile.json` beside py-spy's raw files, so the next
+person sees where the time goes without setting up a profiler (issue 17's "profile first").
+
+Samples are proportions of a process's busy time, so they hold on a busy machine; the
+jobs/s figure does not (see benchmark/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from benchmark import database
+from benchmark.burndown import prepare_backlog, wait_completed
+from benchmark.context import Context, stack_pids
+from benchmark.processes import cpu_per_job_us
+from benchmark.progress import Progress
+from infra.servers import ensure_postgres, ensure_redis
+from infra.stack import ROOT
+
+PY_SPY = Path(sys.executable).with_name("py-spy")
+TOP = 15
+"""Frames listed per process and kind (own samples, inclusive samples)."""
+
+
+def summarise(raw: Path, top: int = TOP) -> dict[str, Any]:
+    """Reads py-spy's `--format raw` output (`frame;frame;… count` per line, outermost
+    first) and returns `{samples, own: [[frame, share]], inclusive: [[frame, share]]}`, the
+    `top` frames by samples spent in the frame itself and by samples with the frame anywhere
+    on the stack; shares are fractions of all samples (0..1)."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        samples = int(count)
+        frames = stack.split(";")
+        total += samples
+        own[frames[-1]] += samples
+        for frame in set(frames):
+            inclusive[frame] += samples
+    if total == 0:
+        return {"samples": 0, "own": [], "inclusive": []}
+
+    def shares(counter: Counter[str]) -> list[list[Any]]:
+        return [[frame, round(n / total, 4)] for frame, n in counter.most_common(top)]
+
+    return {"samples": total, "own": shares(own), "inclusive": shares(inclusive)}
+
+
+async def profile(
+    jobs: int, replicas: int, slots: int, seconds: int, rate: int, out: Path
+) -> dict[str, Any]:
+    """One profiled burn-down; the summary document (see the module docstring)."""
+    progress = Progress(total=1)
+    ctx = Context(ensure_postgres(), ensure_redis().rstrip("/") + "/13", out / "logs", progress)
+    await ctx.setup()
+    try:
+        url = await ctx.database("profile")
+        stack = ctx.stack("profile", url, workers=replicas)
+        await stack.start(workers=0)
+        connection = await asyncpg.connect(url)
+        try:
+            progress.phase(f"profile: burn-down of {jobs:,} jobs by {replicas}x{slots}")
+            await prepare_backlog(connection, jobs)
+            gate = await asyncpg.connect(url)
+            hold = gate.transaction()
+            await hold.start()
+            await gate.execute("LOCK TABLE job IN SHARE MODE")
+            await stack.start_workers(range(replicas), WORKER_CONCURRENCY=str(slots))
+            classes = stack_pids(stack, "queue", "workers")
+            own = frozenset({connection.get_server_pid(), gate.get_server_pid()})
+            meter = ctx.meter(classes, url, own).start()
+            await hold.commit()
+            await gate.close()
+            await asyncio.sleep(0.5)
+            spies = {
+                f"{klass}-{index}": _spy(pid, rate, seconds, out / f"{klass}-{index}.txt")
+                for klass, pids in classes.items()
+                for index, pid in enumerate(pids)
+            }
+            try:
+                await wait_completed(connection, jobs, progress, "profile", 900, stack)
+            finally:
+                usage = meter.stop()
+                for spy in spies.values():
+                    spy.wait(timeout=seconds + 30)
+            window = await database.burn_window(connection)
+        finally:
+            await connection.close()
+            stack.stop()
+    finally:
+        await ctx.cleanup()
+    return {
+        "name": "profile",
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "settings": {
+            "jobs": jobs,
+            "replicas": replicas,
+            "slots": slots,
+            "seconds": seconds,
+            "rate_hz": rate,
+        },
+        "jobs_per_s": round(jobs / window, 1) if window > 0 else 0.0,
+        "cpu_us_per_job": cpu_per_job_us(usage, jobs),
+        "processes": {name: summarise(out / f"{name}.txt") for name in spies},
+    }
+
+
+def _spy(pid: int, rate: int, seconds: int, path: Path) -> subprocess.Popen[bytes]:
+    command = [str(PY_SPY), "record", "-p", str(pid), "-r", str(rate), "-d", str(seconds)]
+    # --gil: only samples holding the GIL, so a process waiting in epoll is not counted busy.
+    command += ["--nonblocking", "--gil", "-f", "raw", "-o", str(path)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def report(document: dict[str, Any]) -> str:
+    """The summary as text: throughput and CPU per job by class, then each process's top
+    frames (percent of its samples)."""
+    cpu = document["cpu_us_per_job"]
+    lines = [
+        f"{document['jobs_per_s']:,} jobs/s; CPU µs per job: "
+        + ", ".join(f"{klass} {value}" for klass, value in cpu.items()),
+    ]
+    for name, frames in document["processes"].items():
+        lines.append(f"\n{name} ({frames['samples']} samples)")
+        for kind in ("own", "inclusive"):
+            lines.append(f"  {kind}:")
+            lines += [f"    {share * 100:5.1f}%  {frame[:110]}" for frame, share in frames[kind]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point: runs the profiled burn-down, prints the report and the JSON's path."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=150_000, help="burn-down backlog")
+    parser.add_argument("--replicas", type=int, default=2, help="worker processes")
+    parser.add_argument("--slots", type=int, default=32, help="WORKER_CONCURRENCY of each")
+    parser.add_argument("--seconds", type=int, default=10, help="py-spy sampling time")
+    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    args = parser.parse_args(argv)
+    for name in ("jobs", "replicas", "slots", "seconds", "rate"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    if not PY_SPY.exists():
+        parser.error(f"py-spy not found at {PY_SPY} (make install)")
+    out = ROOT / ".jobq" / f"profile-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
+    out.mkdir(parents=True)
+    document = asyncio.run(
+        profile(args.jobs, args.replicas, args.slots, args.seconds, args.rate, out)
+    )
+    path = out / "profile.json"
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    print(report(document))
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
