@@ -165,6 +165,10 @@ bench: install ## Whole benchmark suite with peers (~15 min): JSON+PNG in benchm
 bench-quick: install ## Benchmark suite at smoke-test size (no peers, one round; what CI runs), not committed
 	$(BIN)/python -m benchmark --preset quick
 
+.PHONY: bench-autoscale
+bench-autoscale: install tools ## KEDA scaling simulation (~7 min): bursty trace, scaled vs fixed workers; JSON+PNG in benchmark/results
+	$(BIN)/python -m benchmark.autoscale
+
 BEFORE ?=
 COMPARE_ARGS ?=
 .PHONY: bench-compare
