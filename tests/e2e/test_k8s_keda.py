@@ -9,7 +9,8 @@ import asyncio
 import math
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import asyncpg
 import httpx
@@ -20,7 +21,7 @@ from infra.kubernetes import Trigger, hpa_desired, keda_triggers, render
 from infra.observe import Observer
 from infra.stack import LocalStack
 from services.worker.settings import DEFAULT_CONCURRENCY
-from tests.conftest import _admin, template_copy
+from tests.conftest import own_database
 from tests.e2e.conftest import E2E_SETTINGS, wait_for_status
 
 BACKLOG = 5_000
@@ -50,28 +51,19 @@ async def watched(
     except tools.ToolUnavailable as exc:
         pytest.fail(f"the KEDA query test needs Prometheus and postgres_exporter: {exc}")
     name = f"jobq_k8s_keda_{os.getpid()}"
-    database_url = await template_copy(postgres_base, template_database, name)
-    stack = LocalStack(
-        database_url,
-        redis_url,
-        tmp_path_factory.mktemp("keda"),
-        workers=WORKERS,
-        environment={
-            **E2E_SETTINGS,
-            "QUEUE_DEPTH_INTERVAL": "500ms",
-            "WORKER_SHUTDOWN_GRACE": "1s",
-        },
-    )
-    observer = Observer(stack, database_url, tmp_path_factory.mktemp("keda-prometheus"))
-    try:
-        await stack.start()
-        await observer.start()
-        await observer.wait_for_targets()
-        yield stack, observer, database_url
-    finally:
-        observer.stop()
-        stack.stop()
-        await _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    settings = {**E2E_SETTINGS, "QUEUE_DEPTH_INTERVAL": "500ms", "WORKER_SHUTDOWN_GRACE": "1s"}
+    async with own_database(postgres_base, template_database, name) as database_url:
+        logs = tmp_path_factory.mktemp("keda")
+        stack = LocalStack(database_url, redis_url, logs, workers=WORKERS, environment=settings)
+        observer = Observer(stack, database_url, tmp_path_factory.mktemp("keda-prometheus"))
+        try:
+            await stack.start()
+            await observer.start()
+            await observer.wait_for_targets()
+            yield stack, observer, database_url
+        finally:
+            observer.stop()
+            stack.stop()
 
 
 async def _value(observer: Observer, trigger: Trigger) -> float:
@@ -83,17 +75,31 @@ async def _value(observer: Observer, trigger: Trigger) -> float:
     return value
 
 
-async def _wait_for(observer: Observer, trigger: Trigger, wanted: float) -> None:
-    """Poll until the trigger's query returns `wanted` (a scrape and a depth refresh behind);
-    fail after 60 s with the last value."""
+async def _eventually(check: Callable[[], Awaitable[Any]], what: str) -> None:
+    """Poll `check` every 0.5 s until it returns something true (a scrape and a depth refresh
+    behind); fail naming `what` and the last value after 60 s."""
     deadline = time.monotonic() + 60
-    while True:
-        value = await _value(observer, trigger)
-        if value == wanted:
-            return
+    while not (last := await check()):
         if time.monotonic() > deadline:
-            pytest.fail(f"{trigger.name}: {value}, expected {wanted}")
+            pytest.fail(f"{what}: not within 60 s, last {last}")
         await asyncio.sleep(0.5)
+
+
+async def _wait_for(observer: Observer, trigger: Trigger, wanted: float) -> None:
+    """Until the trigger's query returns `wanted`."""
+
+    async def reached() -> bool:
+        return await _value(observer, trigger) == wanted
+
+    await _eventually(reached, f"{trigger.name} == {wanted}")
+
+
+async def _asks_for_zero(observer: Observer, triggers: dict[str, Trigger]) -> None:
+    """Every trigger reads 0, so KEDA keeps (or brings) the workers at zero."""
+    for trigger in triggers.values():
+        value = await _value(observer, trigger)
+        assert value == 0, trigger.name
+        assert not value > trigger.activation, trigger.name
 
 
 async def test_an_idle_queue_asks_for_zero(
@@ -102,10 +108,7 @@ async def test_an_idle_queue_asks_for_zero(
     """Before any job, the queue has no series at all: the triggers still read 0."""
     _, observer, _ = watched
     assert set(triggers) == {"demand", "oldest-pending-age"}
-    for trigger in triggers.values():
-        value = await _value(observer, trigger)
-        assert value == 0, trigger.name
-        assert not value > trigger.activation, "KEDA stays at zero"
+    await _asks_for_zero(observer, triggers)
 
 
 async def test_a_drained_queue_asks_for_zero_again(
@@ -124,18 +127,13 @@ async def test_a_drained_queue_asks_for_zero_again(
     # The queue's own PENDING and PROCESSING series exist and read 0 (a depth refresh and a
     # scrape after the last completion).
     selector = 'jobq_jobs{queue="default", status=~"PENDING|PROCESSING"}'
-    deadline = time.monotonic() + 60
-    while True:
+
+    async def at_zero() -> bool:
         series = await observer.query(selector)
-        if len(series) == 2 and all(float(s["value"][1]) == 0 for s in series):
-            break
-        if time.monotonic() > deadline:
-            pytest.fail(f"the drained queue's series are not at 0: {series}")
-        await asyncio.sleep(0.5)
-    for trigger in triggers.values():
-        value = await _value(observer, trigger)
-        assert value == 0, trigger.name
-        assert not value > trigger.activation, "KEDA goes back to zero"
+        return len(series) == 2 and all(float(s["value"][1]) == 0 for s in series)
+
+    await _eventually(at_zero, f"{selector} at 0")
+    await _asks_for_zero(observer, triggers)
 
 
 async def test_a_backlog_asks_for_the_replicas_the_formula_predicts(

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
 from infra.kubernetes import render
-from infra.stack import ROOT
 from services.queue.app import head_revision
-from tests.conftest import _admin, migrate, template_copy
+from tests.conftest import migrate, own_database, schema_revision
 
 UNKNOWN_REVISION = "ffffffffffff"
 """A revision from a release newer than this checkout."""
@@ -24,34 +22,15 @@ UNKNOWN_REVISION = "ffffffffffff"
 
 def _alembic(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     """The alembic CLI as the manifests' containers run it; its exit code is left to the test."""
-    return subprocess.run(
-        [sys.executable, "-m", "alembic", *args],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": url},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return migrate(url, *args, check=False)
 
 
 @pytest.fixture
 async def migrated(postgres_base: str, template_database: str) -> AsyncIterator[str]:
     """A database of its own at head, dropped afterwards."""
     name = f"jobq_k8s_migrate_{os.getpid()}"
-    url = await template_copy(postgres_base, template_database, name)
-    try:
+    async with own_database(postgres_base, template_database, name) as url:
         yield url
-    finally:
-        await _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-async def _revision(url: str) -> str:
-    connection = await asyncpg.connect(url)
-    try:
-        revision: str = await connection.fetchval("SELECT version_num FROM alembic_version")
-        return revision
-    finally:
-        await connection.close()
 
 
 def test_the_manifests_run_these_commands() -> None:
@@ -77,14 +56,14 @@ async def test_upgrade_head_refuses_a_schema_newer_than_the_image(migrated: str)
     upgrade = _alembic(migrated, "upgrade", "head")
     assert upgrade.returncode != 0
     assert "Can't locate revision" in upgrade.stderr, upgrade.stderr[-2000:]
-    assert await _revision(migrated) == UNKNOWN_REVISION
+    assert await schema_revision(migrated) == UNKNOWN_REVISION
     gate = _alembic(migrated, "check")
     assert gate.returncode != 0, "an older queue service does not start on a newer schema"
 
 
 async def test_the_schema_gate_opens_once_the_job_has_run(migrated: str) -> None:
     migrate(migrated, "downgrade", "-1")
-    behind = await _revision(migrated)
+    behind = await schema_revision(migrated)
     assert behind != head_revision()
     gate = _alembic(migrated, "check")
     assert gate.returncode != 0
@@ -92,5 +71,5 @@ async def test_the_schema_gate_opens_once_the_job_has_run(migrated: str) -> None
 
     job = _alembic(migrated, "upgrade", "head")
     assert job.returncode == 0, job.stderr[-2000:]
-    assert await _revision(migrated) == head_revision()
+    assert await schema_revision(migrated) == head_revision()
     # At head the gate opens: `alembic check` passes (test_migrations.py checks that).
