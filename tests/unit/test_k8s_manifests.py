@@ -7,6 +7,7 @@ every workload; no secret in a manifest; compose and the manifests agree on imag
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,11 +167,43 @@ def test_every_service_is_probed_on_its_health_routes_and_drains_in_time(
             assert keys == {"topology.kubernetes.io/zone", "kubernetes.io/hostname"}
 
 
-def test_resources_come_from_the_benchmark_figures() -> None:
-    """Each long-running manifest says where its requests came from."""
-    for name in ("queue", "producer", "worker"):
-        text = (kubernetes.K8S_DIR / "base" / f"{name}.yaml").read_text()
-        assert "benchmark/README.md" in text and "full-20261203T185856Z" in text, name
+def _mebibytes(quantity: str) -> float:
+    match = re.fullmatch(r"(\d+)(Mi|Gi)", quantity)
+    assert match, quantity
+    return float(match[1]) * (1024 if match[2] == "Gi" else 1)
+
+
+def _cores(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def test_resources_come_from_the_benchmark_figures(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Each long-running manifest names the benchmark run its numbers come from, and its
+    requests cover what that run measured per process under load (RSS, CPU at 300 submits/s),
+    with its memory limit at least twice the measured RSS."""
+    run = "full-20261203T185856Z"
+    measured = json.loads((ROOT / "benchmark" / "results" / f"{run}.json").read_text())
+    classes = measured["results"]["resources"]["load"]["classes"]
+    per_process = {
+        "queue": classes["queue"],
+        "producer": classes["producer"],
+        # Summed over the two workers of the run.
+        "worker": {k: v / 2 for k, v in classes["workers"].items()},
+    }
+    for component, figures in per_process.items():
+        text = (kubernetes.K8S_DIR / "base" / f"{component}.yaml").read_text()
+        assert "benchmark/README.md" in text and run in text, component
+        (deployment,) = [
+            d
+            for d in _of(rendered["production"], "Deployment")
+            if d["metadata"]["name"] == f"jobq-{component}"
+        ]
+        resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
+        assert _mebibytes(resources["requests"]["memory"]) >= figures["rss_mb"], component
+        assert _mebibytes(resources["limits"]["memory"]) >= 2 * figures["rss_mb"], component
+        assert _cores(resources["requests"]["cpu"]) >= figures["cpu_percent"] / 100, component
 
 
 def test_every_deployment_has_a_disruption_budget(
