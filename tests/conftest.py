@@ -34,14 +34,15 @@ from services.queue.repository import JobRepository, create_pool
 from services.queue.settings import async_database_url
 
 
-def migrate(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the alembic CLI against `database_url` (default: upgrade head); raises on failure."""
+def migrate(database_url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the alembic CLI against `database_url` (default: upgrade head); raises on failure
+    unless `check` is false (then the exit code is the caller's to read)."""
     command = list(args) or ["upgrade", "head"]
     return subprocess.run(
         [sys.executable, "-m", "alembic", *command],
         cwd=ROOT,
         env={**os.environ, "DATABASE_URL": database_url},
-        check=True,
+        check=check,
         capture_output=True,
         text=True,
     )
@@ -273,3 +274,23 @@ async def template_copy(postgres_base: str, template: str, name: str) -> str:
         f'CREATE DATABASE "{name}" TEMPLATE "{template}"',
     )
     return f"{postgres_base}/{name}"
+
+
+@contextlib.asynccontextmanager
+async def own_database(postgres_base: str, template: str, name: str) -> AsyncIterator[str]:
+    """A database `name` of its own, copied from the migrated `template`, dropped on exit."""
+    url = await template_copy(postgres_base, template, name)
+    try:
+        yield url
+    finally:
+        await _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def schema_revision(url: str) -> str:
+    """The alembic revision the database at `url` is at."""
+    connection = await asyncpg.connect(url)
+    try:
+        revision: str = await connection.fetchval("SELECT version_num FROM alembic_version")
+        return revision
+    finally:
+        await connection.close()

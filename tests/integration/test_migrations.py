@@ -14,7 +14,7 @@ import pytest
 from infra.servers import ensure_database, ensure_postgres
 from infra.stack import ROOT
 from services.queue.app import head_revision
-from tests.conftest import _admin, migrate, pg_ctlcluster
+from tests.conftest import _admin, migrate, pg_ctlcluster, schema_revision
 
 
 async def test_upgrade_check_downgrade_upgrade(
@@ -168,12 +168,4 @@ def test_migrate_waits_for_a_database_that_does_not_accept_connections_yet(
             process.kill()
             process.wait()
 
-    async def revision() -> str:
-        connection = await asyncpg.connect(url)
-        try:
-            value: str = await connection.fetchval("SELECT version_num FROM alembic_version")
-            return value
-        finally:
-            await connection.close()
-
-    assert asyncio.run(revision()) == head_revision()
+    assert asyncio.run(schema_revision(url)) == head_revision()

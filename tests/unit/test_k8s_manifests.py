@@ -1,0 +1,443 @@
+"""infra/k8s renders with kubectl's kustomize, validates offline against the Kubernetes schemas
+and the CRDs' (KEDA, Prometheus Operator), and keeps the policies README "Kubernetes" states:
+restricted security context, probes, resources, drains, PDBs, spread and NetworkPolicies on
+every workload; no secret in a manifest; compose and the manifests agree on image and settings.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from cloudcoil.models.keda.v1alpha1 import ScaledObject, TriggerAuthentication
+from cloudcoil.models.prometheus_operator.v1 import PodMonitor, PrometheusRule, ServiceMonitor
+from pydantic import BaseModel
+
+from infra import kubernetes
+from infra.kubernetes import OVERLAYS, Trigger, hpa_desired, keda_triggers, render
+from services.producer.settings import ProducerSettings
+from services.queue.settings import QueueSettings
+from services.worker.settings import DEFAULT_CONCURRENCY, WorkerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
+KUBERNETES_VERSION = "1.37.0"
+CUSTOM: dict[tuple[str, str], type[BaseModel]] = {
+    ("keda.sh/v1alpha1", "ScaledObject"): ScaledObject,
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): TriggerAuthentication,
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): ServiceMonitor,
+    ("monitoring.coreos.com/v1", "PodMonitor"): PodMonitor,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): PrometheusRule,
+}
+SECRET_KEYS = {"DATABASE_URL", "REDIS_URL", "QUEUE_INTERNAL_TOKEN", "JOBQ_API_KEYS"}
+# The drain budget each long-running container gets on SIGTERM (the settings' defaults).
+DRAIN = {
+    "queue": QueueSettings.model_fields["queue_shutdown_grace"].default,
+    "producer": ProducerSettings.model_fields["producer_shutdown_grace"].default,
+    "worker": WorkerSettings.model_fields["worker_shutdown_grace"].default,
+}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    """Every overlay, rendered once by `kubectl kustomize`."""
+    return {overlay: render(overlay) for overlay in OVERLAYS}
+
+
+def _of(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [item for item in objects if item["kind"] == kind]
+
+
+def _workloads(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """`(component, pod spec)` of every Deployment and Job."""
+    for item in objects:
+        if item["kind"] in ("Deployment", "Job"):
+            template = item["spec"]["template"]
+            yield template["metadata"]["labels"]["app.kubernetes.io/component"], template
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    wanted = selector.get("matchLabels", {})
+    return all(labels.get(key) == value for key, value in wanted.items())
+
+
+def test_every_overlay_renders(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for overlay, objects in rendered.items():
+        kinds = {item["kind"] for item in objects}
+        assert {"Deployment", "Service", "Job", "NetworkPolicy"} <= kinds, overlay
+        names = {item["metadata"]["name"] for item in _of(objects, "Deployment")}
+        assert names == {"jobq-queue", "jobq-producer", "jobq-worker"}, overlay
+        namespaced = [i for i in objects if i["kind"] != "Namespace"]
+        assert {i["metadata"].get("namespace") for i in namespaced} == {
+            "jobq-dev" if overlay == "dev" else "jobq"
+        }, overlay
+
+
+def test_core_objects_validate_against_the_kubernetes_schemas(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """kubernetes-validate, strict (unknown fields are errors), against 1.37's schemas."""
+    checked = 0
+    for objects in rendered.values():
+        for item in objects:
+            if (item["apiVersion"], item["kind"]) in CUSTOM:
+                continue
+            kubernetes_validate.validate(item, KUBERNETES_VERSION, strict=True)
+            checked += 1
+    assert checked > 50
+
+
+def test_custom_objects_validate_against_their_crds(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """KEDA's and the Prometheus Operator's objects parse as their CRDs' models, and nothing is
+    dropped on the way (a misspelt field would be)."""
+    seen = set()
+    for objects in rendered.values():
+        for item in objects:
+            model = CUSTOM.get((item["apiVersion"], item["kind"]))
+            if model is None:
+                continue
+            parsed = model.model_validate(item)
+            assert parsed.model_dump(mode="json", by_alias=True, exclude_unset=True) == item
+            seen.add(item["kind"])
+    assert seen == {kind for _, kind in CUSTOM}
+
+
+def test_the_crd_check_catches_a_misspelt_field() -> None:
+    bad = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "x"},
+        "spec": {"scaleTargetRef": {"name": "x"}, "minReplicaCont": 0, "triggers": []},
+    }
+    parsed = ScaledObject.model_validate(bad)
+    assert parsed.model_dump(mode="json", by_alias=True, exclude_unset=True) != bad
+
+
+def test_every_pod_runs_restricted(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """Non-root, read-only root filesystem, no privilege escalation, every capability dropped,
+    seccomp RuntimeDefault, no service account token: for every container, init ones too."""
+    for overlay, objects in rendered.items():
+        for component, template in _workloads(objects):
+            spec = template["spec"]
+            where = f"{overlay}/{component}"
+            pod = spec["securityContext"]
+            assert pod["runAsNonRoot"] is True and pod["runAsUser"] > 0, where
+            assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, where
+            assert spec["automountServiceAccountToken"] is False, where
+            for container in spec["containers"] + spec.get("initContainers", []):
+                context = container["securityContext"]
+                assert context["readOnlyRootFilesystem"] is True, where
+                assert context["allowPrivilegeEscalation"] is False, where
+                assert context.get("privileged", False) is False, where
+                assert context["capabilities"] == {"drop": ["ALL"]}, where
+                resources = container["resources"]
+                for kind in ("requests", "limits"):
+                    assert set(resources[kind]) == {"cpu", "memory"}, (where, kind)
+
+
+def test_every_service_is_probed_on_its_health_routes_and_drains_in_time(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    for overlay, objects in rendered.items():
+        for component, template in _workloads(objects):
+            if component == "migrate":
+                continue
+            spec = template["spec"]
+            (container,) = spec["containers"]
+            port = container["ports"][0]["name"]
+            for probe, path in (
+                ("startupProbe", "/health/live"),
+                ("livenessProbe", "/health/live"),
+                ("readinessProbe", "/health/ready"),
+            ):
+                assert container[probe]["httpGet"] == {"path": path, "port": port}, component
+            pause = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {})
+            budget = DRAIN[component] + pause.get("seconds", 0)
+            assert spec["terminationGracePeriodSeconds"] > budget, (overlay, component)
+            keys = {c["topologyKey"] for c in spec["topologySpreadConstraints"]}
+            assert keys == {"topology.kubernetes.io/zone", "kubernetes.io/hostname"}
+
+
+def _mebibytes(quantity: str) -> float:
+    match = re.fullmatch(r"(\d+)(Mi|Gi)", quantity)
+    assert match, quantity
+    return float(match[1]) * (1024 if match[2] == "Gi" else 1)
+
+
+def _cores(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def test_resources_come_from_the_benchmark_figures(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Each long-running manifest names the benchmark run its numbers come from, and its
+    requests cover what that run measured per process under load (RSS, CPU at 300 submits/s),
+    with its memory limit at least twice the measured RSS."""
+    run = "full-20261203T185856Z"
+    measured = json.loads((ROOT / "benchmark" / "results" / f"{run}.json").read_text())
+    classes = measured["results"]["resources"]["load"]["classes"]
+    per_process = {
+        "queue": classes["queue"],
+        "producer": classes["producer"],
+        # Summed over the two workers of the run.
+        "worker": {k: v / 2 for k, v in classes["workers"].items()},
+    }
+    for component, figures in per_process.items():
+        text = (kubernetes.K8S_DIR / "base" / f"{component}.yaml").read_text()
+        assert "benchmark/README.md" in text and run in text, component
+        (deployment,) = [
+            d
+            for d in _of(rendered["production"], "Deployment")
+            if d["metadata"]["name"] == f"jobq-{component}"
+        ]
+        resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
+        assert _mebibytes(resources["requests"]["memory"]) >= figures["rss_mb"], component
+        assert _mebibytes(resources["limits"]["memory"]) >= 2 * figures["rss_mb"], component
+        assert _cores(resources["requests"]["cpu"]) >= figures["cpu_percent"] / 100, component
+
+
+def test_every_deployment_has_a_disruption_budget(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    for overlay, objects in rendered.items():
+        budgets = _of(objects, "PodDisruptionBudget")
+        for component, template in _workloads(objects):
+            if component == "migrate":
+                continue
+            labels = template["metadata"]["labels"]
+            matching = [b for b in budgets if _selects(b["spec"]["selector"], labels)]
+            assert len(matching) == 1, (overlay, component)
+            assert matching[0]["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+def _policies_for(objects: list[dict[str, Any]], labels: dict[str, str]) -> list[dict[str, Any]]:
+    return [p for p in _of(objects, "NetworkPolicy") if _selects(p["spec"]["podSelector"], labels)]
+
+
+def test_every_pod_is_fenced_by_network_policies(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """A default deny for the namespace, and a policy of its own for every workload."""
+    for overlay, objects in rendered.items():
+        deny = [p for p in _of(objects, "NetworkPolicy") if p["spec"]["podSelector"] == {}]
+        assert any(
+            set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+            and "ingress" not in p["spec"]
+            and "egress" not in p["spec"]
+            for p in deny
+        ), overlay
+        for component, template in _workloads(objects):
+            own = [
+                p
+                for p in _policies_for(objects, template["metadata"]["labels"])
+                if p["spec"]["podSelector"]
+            ]
+            assert len(own) == 1, (overlay, component)
+
+
+def _rules_reaching(policy: dict[str, Any], port: int) -> list[dict[str, Any]]:
+    return [
+        rule
+        for rule in policy["spec"].get("egress", [])
+        if any(p["port"] == port for p in rule.get("ports", []))
+    ]
+
+
+def _ingress_open_to_all(policy: dict[str, Any]) -> bool:
+    return any("from" not in rule for rule in policy["spec"].get("ingress", []))
+
+
+def test_only_the_producer_is_reachable_and_only_the_queue_reaches_postgresql(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    private = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")]
+    for overlay, objects in rendered.items():
+        open_to_all, to_postgres, to_redis = set(), set(), set()
+        for policy in _of(objects, "NetworkPolicy"):
+            component = (
+                policy["spec"]["podSelector"]
+                .get("matchLabels", {})
+                .get("app.kubernetes.io/component", "*")
+            )
+            if _ingress_open_to_all(policy):
+                open_to_all.add(component)
+            if _rules_reaching(policy, 5432):
+                to_postgres.add(component)
+            if _rules_reaching(policy, 6379):
+                to_redis.add(component)
+            for rule in policy["spec"].get("egress", []):
+                blocks = [peer["ipBlock"] for peer in rule.get("to", []) if "ipBlock" in peer]
+                for block in blocks:
+                    # Public addresses only: a private PostgreSQL or Redis stays unreachable.
+                    excluded = [ipaddress.ip_network(n) for n in block.get("except", [])]
+                    if ipaddress.ip_network(block["cidr"]).version == 4:
+                        assert all(net in excluded for net in private), (overlay, component)
+        assert open_to_all == {"producer"}, overlay
+        assert to_postgres == {"queue", "migrate"}, overlay
+        assert to_redis == {"queue", "producer"}, overlay
+        services = _of(objects, "Service")
+        assert {s["spec"]["type"] for s in services} == {"ClusterIP"}, overlay
+        for ingress in _of(objects, "Ingress"):
+            for rule in ingress["spec"]["rules"]:
+                backends = {p["backend"]["service"]["name"] for p in rule["http"]["paths"]}
+                assert backends == {"jobq-producer"}, overlay
+
+
+def _env_names(objects: list[dict[str, Any]]) -> set[str]:
+    """Every environment variable a jobq container gets: its `env` and the keys of the
+    ConfigMaps it reads with `envFrom`."""
+    configmaps = {c["metadata"]["name"]: c.get("data", {}) for c in _of(objects, "ConfigMap")}
+    names = set()
+    for _, template in _workloads(objects):
+        spec = template["spec"]
+        for container in spec["containers"] + spec.get("initContainers", []):
+            names |= {e["name"] for e in container.get("env", [])}
+            for source in container.get("envFrom", []):
+                names |= set(configmaps[source["configMapRef"]["name"]])
+    return names
+
+
+def test_secrets_come_from_the_secret_never_from_a_manifest(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    for overlay, objects in rendered.items():
+        assert _of(objects, "Secret") == [], overlay
+        for configmap in _of(objects, "ConfigMap"):
+            assert not SECRET_KEYS & set(configmap.get("data", {})), overlay
+        for _, template in _workloads(objects):
+            spec = template["spec"]
+            for container in spec["containers"] + spec.get("initContainers", []):
+                for entry in container.get("env", []):
+                    if entry["name"] in SECRET_KEYS:
+                        ref = entry["valueFrom"]["secretKeyRef"]
+                        assert (ref["name"], ref["key"]) == ("jobq", entry["name"])
+                        assert "value" not in entry
+
+
+def test_compose_and_the_manifests_use_one_image_and_the_same_settings(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """A setting compose gives a jobq process and the manifests do not (or the reverse) fails
+    here; so does a name `.env.example` does not list."""
+    jobq = {n: s for n, s in COMPOSE["services"].items() if s.get("image") == "jobq:local"}
+    assert set(jobq) == {"migrate", "queue", "producer", "worker"}
+    compose_names = {name for service in jobq.values() for name in service["environment"]}
+    example = (ROOT / ".env.example").read_text()
+    listed = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]+)=", example, re.MULTILINE))
+    for overlay, objects in rendered.items():
+        assert _env_names(objects) == compose_names, overlay
+        assert compose_names <= listed
+        images = {
+            c["image"]
+            for _, t in _workloads(objects)
+            for c in t["spec"]["containers"] + t["spec"].get("initContainers", [])
+        }
+        assert len(images) == 1, overlay
+        repository = images.pop().rsplit(":", 1)[0].rsplit("/", 1)[-1]
+        assert repository == "jobq", overlay
+    dev_images = {
+        c["image"] for _, t in _workloads(rendered["dev"]) for c in t["spec"]["containers"]
+    }
+    assert dev_images == {"jobq:local"}, "dev runs the image compose builds"
+
+
+def test_the_migration_job_runs_alembic_upgrade_head_only(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    for overlay, objects in rendered.items():
+        (job,) = _of(objects, "Job")
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        assert container["command"] == ["alembic", "upgrade", "head"], overlay
+        (queue,) = [d for d in _of(objects, "Deployment") if d["metadata"]["name"] == "jobq-queue"]
+        (gate,) = queue["spec"]["template"]["spec"]["initContainers"]
+        assert gate["command"] == ["alembic", "check"], overlay
+        text = yaml.safe_dump(objects)
+        assert "downgrade" not in text, overlay
+
+
+def test_generated_files_are_what_the_code_generates() -> None:
+    for path, text in kubernetes.generated().items():
+        assert path.read_text() == text, f"{path.name} drifted: run `make k8s-generated`"
+
+
+def test_the_prometheus_rule_holds_every_compose_alert() -> None:
+    rule = yaml.safe_load(kubernetes.RULE_FILE.read_text())
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    composed = set()
+    for path in (ROOT / "infra" / "prometheus" / "rules").glob("*.yml"):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            composed |= {r["alert"] for r in group["rules"] if "alert" in r}
+    assert alerts == composed and len(alerts) >= 10
+
+
+def test_scrape_jobs_are_named_as_the_rules_and_dashboard_expect(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["production"]
+    (monitor,) = _of(objects, "ServiceMonitor")
+    assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/component"
+    components = {
+        s["metadata"]["labels"]["app.kubernetes.io/component"] for s in _of(objects, "Service")
+    }
+    assert components == {"queue", "producer"}
+    (pods,) = _of(objects, "PodMonitor")
+    (endpoint,) = pods["spec"]["podMetricsEndpoints"]
+    assert {"action": "replace", "targetLabel": "job", "replacement": "worker"} in endpoint[
+        "relabelings"
+    ]
+
+
+def test_worker_triggers_match_the_worker_settings(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The demand trigger divides by the slots of one replica and reads the queues the
+    workers serve; it activates at one job; workers may scale to zero."""
+    queues = WorkerSettings.model_fields["worker_queues"].default
+    for overlay in ("production", "production-postgresql"):
+        objects = rendered[overlay]
+        triggers = keda_triggers(objects)
+        demand = triggers[("jobq-worker", "demand")]
+        assert demand.threshold == DEFAULT_CONCURRENCY and demand.activation == 0
+        assert demand.metric_type == "AverageValue"
+        for trigger in triggers.values():
+            if trigger.scaled_object == "jobq-worker":
+                served = "|".join(queues) if isinstance(queues, list) else str(queues)
+                assert f"'{served}'" in trigger.query or f'"{served}"' in trigger.query
+        (worker,) = [
+            s for s in _of(objects, "ScaledObject") if s["metadata"]["name"] == "jobq-worker"
+        ]
+        assert worker["spec"]["minReplicaCount"] == 0
+        targets = {s["spec"]["scaleTargetRef"]["name"] for s in _of(objects, "ScaledObject")}
+        assert targets == {d["metadata"]["name"] for d in _of(objects, "Deployment")}
+    age = keda_triggers(rendered["production"])[("jobq-worker", "oldest-pending-age")]
+    assert age.metric_type == "Value"
+    for trigger in keda_triggers(rendered["production"]).values():
+        assert trigger.query.endswith("or vector(0)"), "never empty on an idle queue"
+
+
+def _trigger(metric_type: str, threshold: float) -> Trigger:
+    return Trigger("w", "prometheus", "t", metric_type, "q", threshold, 0)
+
+
+def test_hpa_desired_follows_the_documented_rule() -> None:
+    demand = _trigger("AverageValue", 32)
+    # 5,000 jobs on 2 x 32 slots: ceil(5000 / 32) = 157, capped at the maximum.
+    assert hpa_desired(demand, 5000, 2, 0, 200) == 157
+    assert hpa_desired(demand, 5000, 2, 0, 20) == 20
+    assert hpa_desired(demand, 64, 2, 0, 20) == 2  # within tolerance
+    assert hpa_desired(demand, 0, 3, 0, 20) == 1  # the HPA keeps one; KEDA goes to zero
+    age = _trigger("Value", 30)
+    assert hpa_desired(age, 90, 2, 0, 20) == 6
+    assert hpa_desired(age, 31, 2, 0, 20) == 2
+    with pytest.raises(ValueError):
+        hpa_desired(age, 1, 0, 0, 20)
