@@ -266,14 +266,15 @@ def plot(document: dict[str, Any], path: Path) -> None:
 async def main_async(time_scale: float) -> Path:
     """Both runs; writes the JSON and PNG and returns the JSON's path."""
     scratch = Path(tempfile.mkdtemp(prefix="jobq-autoscale-"))
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    started = datetime.now(UTC)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
     begun = time.monotonic()
     scaled = await run("scaled", 0, scratch, time_scale)
     fixed = await run("fixed", scaled["peak_replicas"], scratch, time_scale)
     document = {
         "name": f"autoscale-{stamp}",
         "command": "python -m benchmark.autoscale " + " ".join(sys.argv[1:]),
-        "started": datetime.now(UTC).isoformat(),
+        "started": started.isoformat(),
         "elapsed_s": round(time.monotonic() - begun, 1),
         "settings": {
             "trace": TRACE,
