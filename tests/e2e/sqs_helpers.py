@@ -1,0 +1,75 @@
+"""A stack with the SQS endpoint, and SQS clients for its keys (boto3, the AWS CLI, Celery)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+
+from infra.stack import LocalStack
+from tests.e2e.conftest import E2E_SETTINGS
+
+REGION = "us-east-1"
+ACME_ADMIN = "acme-admin-key-0123456789abcdef"
+ACME_SUBMIT = "acme-submit-key-0123456789abcdef"
+BETA_ADMIN = "beta-admin-key-0123456789abcdef"
+KEYS = f"admin:acme:{ACME_ADMIN},submit:acme:{ACME_SUBMIT},admin:beta:{BETA_ADMIN}"
+
+
+def key_id(key: str) -> str:
+    """The access key id of an API key: the first 12 hex digits of its SHA-256."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class SqsStack:
+    """The running stack and its SQS endpoint."""
+
+    stack: LocalStack
+
+    def client(self, key: str = ACME_ADMIN, secret: str | None = None, **config: Any) -> Any:
+        """A boto3 SQS client signing with `key` (and `secret`, default the key itself)."""
+        return boto3.client(
+            "sqs",
+            endpoint_url=self.stack.sqs,
+            region_name=REGION,
+            aws_access_key_id=key_id(key),
+            aws_secret_access_key=key if secret is None else secret,
+            **config,
+        )
+
+    def aws_env(self, key: str = ACME_ADMIN) -> dict[str, str]:
+        """The environment `make -s keys` gives the AWS CLI and boto3, for this stack."""
+        return {
+            **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+            "AWS_ACCESS_KEY_ID": key_id(key),
+            "AWS_SECRET_ACCESS_KEY": key,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_ENDPOINT_URL_SQS": self.stack.sqs,
+        }
+
+
+async def start_sqs_stack(
+    database_url: str, redis_url: str, tmp: pytest.TempPathFactory
+) -> AsyncIterator[SqsStack]:
+    """Queue service, producer and SQS endpoint as real processes (no worker: SQS clients
+    are the consumers), with acme's and beta's keys."""
+    stack = LocalStack(
+        database_url,
+        redis_url,
+        tmp.mktemp("sqs-stack"),
+        workers=0,
+        smtp_enabled=False,
+        sqs_enabled=True,
+        environment={**E2E_SETTINGS, "JOBQ_API_KEYS": KEYS},
+    )
+    await stack.start()
+    try:
+        yield SqsStack(stack)
+    finally:
+        stack.stop()
