@@ -8,6 +8,7 @@ are the same fenced lease, so they never overlap.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -192,16 +193,26 @@ async def delete_message_batch(ctx: Context, request: DeleteMessageBatch) -> dic
             failed.append(_failed(entry.id, exc))
             continue
         acks.append((entry.id, AckEntry(id=job_id, receipt_handle=lease)))
-    if acks:
-        _distinct_jobs([ack for _, ack in acks])
-        await ctx.client.ack_many([ack for _, ack in acks])
+    for members in _rounds([ack.id for _, ack in acks]):
+        await ctx.client.ack_many([acks[index][1] for index in members])
     return {"Successful": [{"Id": entry_id} for entry_id, _ in acks], "Failed": failed}
 
 
-def _distinct_jobs(entries: Sequence[AckEntry | HeartbeatEntry]) -> None:
-    # jobq settles a job once per statement: two handles of one job in a batch are refused.
-    if len({entry.id for entry in entries}) != len(entries):
-        raise invalid("Two or more entries name the same message.")
+def _rounds(ids: Sequence[uuid.UUID]) -> list[list[int]]:
+    """Indexes of `ids` in rounds where each job appears once: jobq settles a job once per
+    statement, and a batch may name one message by two receipt handles (one stale)."""
+    rounds: list[list[int]] = []
+    seen: list[set[uuid.UUID]] = []
+    for index, job_id in enumerate(ids):
+        for taken, members in zip(seen, rounds, strict=True):
+            if job_id not in taken:
+                taken.add(job_id)
+                members.append(index)
+                break
+        else:
+            seen.append({job_id})
+            rounds.append([index])
+    return rounds
 
 
 def _visibility_error(status: int, handle: str) -> SqsError:
@@ -251,10 +262,10 @@ async def change_message_visibility_batch(
         )
         pending.append((item.id, item.receipt_handle, entry))
     successful = []
-    if pending:
-        _distinct_jobs([entry for _, _, entry in pending])
-        results = await ctx.client.heartbeat_many([entry for _, _, entry in pending])
-        for (entry_id, handle, _), result in zip(pending, results, strict=True):
+    for members in _rounds([entry.id for _, _, entry in pending]):
+        results = await ctx.client.heartbeat_many([pending[index][2] for index in members])
+        for index, result in zip(members, results, strict=True):
+            entry_id, handle, _ = pending[index]
             if result.status == 200:
                 successful.append({"Id": entry_id})
             else:

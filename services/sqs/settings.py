@@ -8,14 +8,15 @@ from pydantic import field_validator
 
 from common.web.settings import ApiKeySettings, Duration, HttpServiceSettings, Port, Token
 
-_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$")
+_REGION = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 class SqsSettings(HttpServiceSettings, ApiKeySettings):
     """Everything the SQS endpoint reads from its environment; durations are seconds.
 
     `sqs_region` is the region clients sign for (SigV4's credential scope) and that ARNs
-    name; `sqs_public_url`, when set, is the base of the queue URLs it hands out (behind a
+    name: by default none of AWS's, because the AWS CLI v1 sends a known region's SQS calls
+    to AWS whatever `AWS_ENDPOINT_URL_SQS` says (docs/adr/004-the-sqs-region-is-not-aws.md); `sqs_public_url`, when set, is the base of the queue URLs it hands out (behind a
     proxy), else the request's own `Host`; `sqs_cache_ttl` is how long a queue's attributes
     are reused before they are read again (SQS itself says attribute changes take up to 60 s).
     """
@@ -24,7 +25,7 @@ class SqsSettings(HttpServiceSettings, ApiKeySettings):
     queue_internal_token: Token | None = None
     sqs_host: str = "127.0.0.1"
     sqs_port: Port = 9324
-    sqs_region: str = "us-east-1"
+    sqs_region: str = "jobq-local-1"
     sqs_public_url: str | None = None
     sqs_forward_timeout: Duration = 5.0
     sqs_cache_ttl: Duration = 1.0
@@ -34,7 +35,7 @@ class SqsSettings(HttpServiceSettings, ApiKeySettings):
     @classmethod
     def _region(cls, value: str) -> str:
         if not _REGION.fullmatch(value):
-            raise ValueError("must look like an AWS region, e.g. us-east-1")
+            raise ValueError("must be a region name: lower-case letters, digits and -")
         return value
 
     @field_validator("sqs_public_url")

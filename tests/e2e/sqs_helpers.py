@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from infra.stack import LocalStack
 from tests.e2e.conftest import E2E_SETTINGS
 
-REGION = "us-east-1"
+REGION = "jobq-local-1"
 ACME_ADMIN = "acme-admin-key-0123456789abcdef"
 ACME_SUBMIT = "acme-submit-key-0123456789abcdef"
 BETA_ADMIN = "beta-admin-key-0123456789abcdef"
@@ -73,3 +74,15 @@ async def start_sqs_stack(
         yield SqsStack(stack)
     finally:
         stack.stop()
+
+
+def counts_become(read: Callable[[], dict[str, str]], expected: dict[str, str]) -> None:
+    """Read the Approximate* counts until they are `expected`: they come from jobq's depth
+    cache, refreshed every QUEUE_DEPTH_INTERVAL (approximate, as on SQS)."""
+    seen: dict[str, str] = {}
+    for _ in range(100):
+        seen = read()
+        if seen == expected:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"counts stayed {seen}, expected {expected}")

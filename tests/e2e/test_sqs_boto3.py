@@ -3,14 +3,30 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
+import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
-from tests.e2e.sqs_helpers import SqsStack, start_sqs_stack
+from tests.e2e.sqs_helpers import (
+    ACME_ADMIN,
+    ACME_SUBMIT,
+    BETA_ADMIN,
+    REGION,
+    SqsStack,
+    counts_become,
+    key_id,
+    start_sqs_stack,
+)
 from tests.helpers import md5_of_message_attributes
 
 
@@ -35,9 +51,12 @@ def test_queue_lifecycle(sqs: SqsStack) -> None:
     ]
     assert url == f"{sqs.stack.sqs}/acme/life-orders"
     # The same declaration again is a replay; other attributes are QueueNameExists.
-    assert client.create_queue(QueueName="life-orders", Attributes={"VisibilityTimeout": "45"})[
-        "QueueUrl"
-    ] == url
+    assert (
+        client.create_queue(QueueName="life-orders", Attributes={"VisibilityTimeout": "45"})[
+            "QueueUrl"
+        ]
+        == url
+    )
     with pytest.raises(client.exceptions.QueueNameExists) as exists:
         client.create_queue(QueueName="life-orders", Attributes={"VisibilityTimeout": "46"})
     assert _code(exists.value) == ("QueueAlreadyExists", "QueueNameExists")
@@ -58,7 +77,7 @@ def test_queue_lifecycle(sqs: SqsStack) -> None:
     attributes = client.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     assert attributes["VisibilityTimeout"] == "45"
     assert attributes["DelaySeconds"] == "0"
-    assert attributes["QueueArn"] == "arn:aws:sqs:us-east-1:acme:life-orders"
+    assert attributes["QueueArn"] == "arn:aws:sqs:jobq-local-1:acme:life-orders"
     assert attributes["ApproximateNumberOfMessages"] == "0"
     client.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "5"})
     only = client.get_queue_attributes(QueueUrl=url, AttributeNames=["DelaySeconds"])
@@ -110,11 +129,13 @@ def test_send_receive_delete_with_digests(sqs: SqsStack) -> None:
     assert "Messages" not in only  # in flight: nothing else to receive
 
     client.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
-    counts = client.get_queue_attributes(
-        QueueUrl=url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    assert counts == {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"}
+    counts_become(
+        lambda: client.get_queue_attributes(
+            QueueUrl=url,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"],
+        {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"},
+    )
 
 
 def test_batches_with_partial_failures(sqs: SqsStack) -> None:
@@ -159,3 +180,249 @@ def test_batches_with_partial_failures(sqs: SqsStack) -> None:
     assert sorted(entry["Id"] for entry in deleted["Successful"]) == ["m0", "m1"]
     assert [(f["Id"], f["Code"]) for f in deleted["Failed"]] == [("junk", "ReceiptHandleIsInvalid")]
     assert "Messages" not in client.receive_message(QueueUrl=url, WaitTimeSeconds=0)
+
+
+def _receive_one(client: Any, url: str, **extra: Any) -> dict[str, Any]:
+    """Long-poll until one message arrives (the reaper returns expired leases every 200 ms)."""
+    for _ in range(10):
+        got = client.receive_message(QueueUrl=url, WaitTimeSeconds=5, **extra)
+        if got.get("Messages"):
+            message: dict[str, Any] = got["Messages"][0]
+            return message
+    raise AssertionError(f"no message arrived in {url}")
+
+
+def test_visibility_change_and_release(sqs: SqsStack) -> None:
+    client = sqs.client()
+    url = client.create_queue(QueueName="visibility")["QueueUrl"]
+    client.send_message(QueueUrl=url, MessageBody="lease me")
+    first = _receive_one(client, url, VisibilityTimeout=600, MessageSystemAttributeNames=["All"])
+    assert "Messages" not in client.receive_message(QueueUrl=url)
+    client.change_message_visibility(
+        QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=900
+    )
+    assert "Messages" not in client.receive_message(QueueUrl=url)
+    # 0 releases the message: it can be received again at once, as its second receive.
+    client.change_message_visibility(
+        QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=0
+    )
+    second = _receive_one(client, url, VisibilityTimeout=600, MessageSystemAttributeNames=["All"])
+    assert second["MessageId"] == first["MessageId"]
+    assert second["Attributes"]["ApproximateReceiveCount"] == "2"
+    reply = client.change_message_visibility_batch(
+        QueueUrl=url,
+        Entries=[
+            {"Id": "current", "ReceiptHandle": second["ReceiptHandle"], "VisibilityTimeout": 0},
+            {"Id": "stale", "ReceiptHandle": first["ReceiptHandle"], "VisibilityTimeout": 0},
+        ],
+    )
+    assert [entry["Id"] for entry in reply["Successful"]] == ["current"]
+    assert [(f["Id"], f["Code"]) for f in reply["Failed"]] == [("stale", "MessageNotInflight")]
+    third = _receive_one(client, url)
+    client.delete_message(QueueUrl=url, ReceiptHandle=third["ReceiptHandle"])
+
+
+def test_receipt_handle_after_expiry(sqs: SqsStack) -> None:
+    """As on SQS: an old receipt handle's delete succeeds and deletes nothing; changing its
+    visibility is MessageNotInflight."""
+    client = sqs.client()
+    url = client.create_queue(QueueName="expiry")["QueueUrl"]
+    client.send_message(QueueUrl=url, MessageBody="short lease")
+    old = _receive_one(client, url, VisibilityTimeout=1)
+    again = _receive_one(client, url, VisibilityTimeout=600)  # after the lease expired
+    assert again["MessageId"] == old["MessageId"]
+    client.delete_message(QueueUrl=url, ReceiptHandle=old["ReceiptHandle"])
+    with pytest.raises(ClientError) as stale:
+        client.change_message_visibility(
+            QueueUrl=url, ReceiptHandle=old["ReceiptHandle"], VisibilityTimeout=10
+        )
+    assert _code(stale.value)[1] == "MessageNotInflight"
+    # The message was not deleted: its current handle still releases it.
+    client.change_message_visibility(
+        QueueUrl=url, ReceiptHandle=again["ReceiptHandle"], VisibilityTimeout=0
+    )
+    last = _receive_one(client, url)
+    assert last["MessageId"] == old["MessageId"]
+    client.delete_message(QueueUrl=url, ReceiptHandle=last["ReceiptHandle"])
+
+
+def test_long_poll_wakes_on_send(sqs: SqsStack) -> None:
+    client, sender = sqs.client(), sqs.client()
+    url = client.create_queue(QueueName="long-poll")["QueueUrl"]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(client.receive_message, QueueUrl=url, WaitTimeSeconds=20)
+        sender.send_message(QueueUrl=url, MessageBody="wake up")
+        got = waiting.result()
+    # One 20 s poll got the message: without the wake-up it would have ended empty, or had
+    # to begin after the send.
+    if "Messages" not in got:
+        got = client.receive_message(QueueUrl=url, WaitTimeSeconds=0)
+    assert [m["Body"] for m in got["Messages"]] == ["wake up"]
+
+
+def test_redrive_policy_to_dead_letter_queue_and_back(sqs: SqsStack) -> None:
+    client = sqs.client()
+    dlq = client.create_queue(QueueName="orders-dlq")["QueueUrl"]
+    dlq_arn = client.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    policy = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "2"})
+    source = client.create_queue(QueueName="orders-main", Attributes={"RedrivePolicy": policy})[
+        "QueueUrl"
+    ]
+    missing = json.dumps(
+        {"deadLetterTargetArn": "arn:aws:sqs:us-east-1:acme:nowhere", "maxReceiveCount": 2}
+    )
+    with pytest.raises(ClientError) as no_target:
+        client.create_queue(QueueName="orders-other", Attributes={"RedrivePolicy": missing})
+    assert _code(no_target.value)[0] == "InvalidParameterValue"
+    assert client.list_dead_letter_source_queues(QueueUrl=dlq)["queueUrls"] == [source]
+
+    sent = client.send_message(QueueUrl=source, MessageBody="poison")["MessageId"]
+    # Received twice and never deleted: its leases expire, then it is dead-lettered.
+    for count in ("1", "2"):
+        message = _receive_one(
+            client, source, VisibilityTimeout=1, MessageSystemAttributeNames=["All"]
+        )
+        assert message["Attributes"]["ApproximateReceiveCount"] == count
+    dead = _receive_one(client, dlq, VisibilityTimeout=600, MessageSystemAttributeNames=["All"])
+    assert (dead["MessageId"], dead["Body"]) == (sent, "poison")
+    assert dead["Attributes"]["ApproximateReceiveCount"] == "1"
+    client.change_message_visibility(
+        QueueUrl=dlq, ReceiptHandle=dead["ReceiptHandle"], VisibilityTimeout=0
+    )
+
+    task = client.start_message_move_task(SourceArn=dlq_arn)["TaskHandle"]
+    tasks = client.list_message_move_tasks(SourceArn=dlq_arn)["Results"]
+    assert [
+        (t["TaskHandle"], t["Status"], t["ApproximateNumberOfMessagesMoved"]) for t in tasks
+    ] == [(task, "COMPLETED", 1)]
+    back = _receive_one(client, source, MessageSystemAttributeNames=["All"])
+    assert (back["MessageId"], back["Attributes"]["ApproximateReceiveCount"]) == (sent, "1")
+    client.delete_message(QueueUrl=source, ReceiptHandle=back["ReceiptHandle"])
+
+
+def test_purge_queue(sqs: SqsStack) -> None:
+    client = sqs.client()
+    url = client.create_queue(QueueName="purged")["QueueUrl"]
+    client.send_message_batch(
+        QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": f"m{i}"} for i in range(5)]
+    )
+    _receive_one(client, url, VisibilityTimeout=600)
+
+    def counts() -> dict[str, str]:
+        found = client.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        return {k: v for k, v in found.items() if k.startswith("ApproximateNumberOfMessages")}
+
+    counts_become(
+        counts,
+        {
+            "ApproximateNumberOfMessages": "4",
+            "ApproximateNumberOfMessagesNotVisible": "1",
+            "ApproximateNumberOfMessagesDelayed": "0",
+        },
+    )
+    with pytest.raises(ClientError) as submit_only:
+        sqs.client(ACME_SUBMIT).purge_queue(QueueUrl=url)
+    assert _code(submit_only.value)[0] == "AccessDenied"
+    client.purge_queue(QueueUrl=url)
+    assert "Messages" not in client.receive_message(QueueUrl=url, MaxNumberOfMessages=10)
+    counts_become(
+        counts,
+        {
+            "ApproximateNumberOfMessages": "0",
+            "ApproximateNumberOfMessagesNotVisible": "0",
+            "ApproximateNumberOfMessagesDelayed": "0",
+        },
+    )
+
+
+def _signed(
+    sqs: SqsStack, key: str, secret: str, when: datetime, target: str = "AmazonSQS.ListQueues"
+) -> httpx.Response:
+    """A request signed by botocore's signer at time `when` (a skewed clock)."""
+    request = AWSRequest(
+        method="POST",
+        url=sqs.stack.sqs + "/",
+        data=b"{}",
+        headers={"X-Amz-Target": target, "Content-Type": "application/x-amz-json-1.0"},
+    )
+    stamp = when.strftime("%Y%m%dT%H%M%SZ")
+    request.headers["X-Amz-Date"] = stamp
+    request.context["timestamp"] = stamp
+    signer = SigV4Auth(Credentials(key_id(key), secret), "sqs", REGION)
+    canonical = signer.canonical_request(request)
+    signature = signer.signature(signer.string_to_sign(request, canonical), request)
+    request.headers["Authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={signer.scope(request)}, "
+        f"SignedHeaders={signer.signed_headers(signer.headers_to_sign(request))}, "
+        f"Signature={signature}"
+    )
+    return httpx.post(request.url, content=request.body, headers=dict(request.headers.items()))
+
+
+def test_signatures_and_tenants(sqs: SqsStack) -> None:
+    now = datetime.now(UTC)
+    assert _signed(sqs, ACME_ADMIN, ACME_ADMIN, now).status_code == 200
+    wrong = _signed(sqs, ACME_ADMIN, "not-the-key-0123456789", now)
+    assert (wrong.status_code, wrong.json()["__type"].split("#")[1]) == (
+        403,
+        "SignatureDoesNotMatch",
+    )
+    skewed = _signed(sqs, ACME_ADMIN, ACME_ADMIN, now - timedelta(minutes=20))
+    assert (skewed.status_code, skewed.json()["__type"].split("#")[1]) == (400, "RequestExpired")
+    unknown = _signed(sqs, "some-other-key-0123456789abcdef", "x" * 20, now)
+    assert unknown.json()["__type"].split("#")[1] == "InvalidClientTokenId"
+    unsigned = httpx.post(
+        sqs.stack.sqs + "/", content=b"{}", headers={"X-Amz-Target": "AmazonSQS.ListQueues"}
+    )
+    assert (unsigned.status_code, unsigned.json()["__type"].split("#")[1]) == (
+        403,
+        "MissingAuthenticationToken",
+    )
+
+    with pytest.raises(ClientError) as bad_secret:
+        sqs.client(secret="wrong-secret-0123456789").list_queues()
+    assert _code(bad_secret.value)[0] == "SignatureDoesNotMatch"
+
+    acme, beta = sqs.client(), sqs.client(BETA_ADMIN)
+    url = acme.create_queue(QueueName="acme-private")["QueueUrl"]
+    acme.send_message(QueueUrl=url, MessageBody="acme's")
+    for call in (
+        lambda: beta.receive_message(QueueUrl=url),
+        lambda: beta.send_message(QueueUrl=url, MessageBody="x"),
+        lambda: beta.get_queue_url(QueueName="acme-private", QueueOwnerAWSAccountId="acme"),
+    ):
+        with pytest.raises(ClientError) as denied:
+            call()
+        assert _code(denied.value)[0] == "AccessDenied"
+    with pytest.raises(beta.exceptions.QueueDoesNotExist):
+        beta.get_queue_url(QueueName="acme-private")
+    assert url not in beta.list_queues().get("QueueUrls", [])
+
+
+async def test_one_queue_system_two_doors(sqs: SqsStack) -> None:
+    client = sqs.client()
+    url = client.create_queue(QueueName="two-doors")["QueueUrl"]
+    sent = client.send_message(QueueUrl=url, MessageBody="from boto3")["MessageId"]
+    headers = {"Authorization": f"Bearer {ACME_ADMIN}"}
+    async with httpx.AsyncClient(base_url=sqs.stack.producer, headers=headers) as producer:
+        job = (await producer.get(f"/jobs/{sent}")).json()
+        assert (job["queue"], job["taskType"], job["tenant"]) == ("two-doors", "sqs", "acme")
+        assert job["payload"] == {"body": "from boto3"}
+        submitted = await producer.post(
+            "/jobs",
+            json={"queue": "two-doors", "taskType": "resize", "payload": {"image": "a.png"}},
+        )
+        assert submitted.status_code == 202
+        messages = client.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=5, MessageAttributeNames=["All"]
+        )["Messages"]
+        by_id = {m["MessageId"]: m for m in messages}
+        assert by_id[sent]["Body"] == "from boto3"
+        native = by_id[submitted.json()["jobId"]]
+        assert json.loads(native["Body"]) == {"image": "a.png"}
+        assert native["MessageAttributes"]["jobq.taskType"]["StringValue"] == "resize"
+        for message in messages:
+            client.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+        assert (await producer.get(f"/jobs/{sent}")).json()["status"] == "COMPLETED"

@@ -25,7 +25,7 @@ def procfile_commands() -> dict[str, list[str]]:
 def test_compose_runs_the_procfile_commands() -> None:
     compose = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
     procfile = procfile_commands()
-    for service in ("queue", "producer", "worker"):
+    for service in ("queue", "producer", "sqs", "worker"):
         assert compose["services"][service]["command"] == procfile[service], service
     assert compose["services"]["smtp"]["command"][:3] == procfile["smtp"]
 
@@ -48,7 +48,7 @@ def test_every_jobq_image_command_is_one_the_tests_start() -> None:
         for name, service in compose["services"].items()
         if "build" in service
     }
-    assert set(on_our_image) == {"migrate", "queue", "producer", "worker", "smtp"}
+    assert set(on_our_image) == {"migrate", "queue", "producer", "sqs", "worker", "smtp"}
     for name, command in on_our_image.items():
         assert any(command[: len(s)] == s for s in started), f"{name}: {command}"
 
@@ -76,6 +76,7 @@ def test_compose_builds_the_runtime_image_and_the_sink_apart() -> None:
         "migrate": "runtime",
         "queue": "runtime",
         "producer": "runtime",
+        "sqs": "runtime",
         "worker": "runtime",
         "smtp": "smtp-sink",
     }
