@@ -124,9 +124,10 @@ async def _dispatch(request: Request[Any, Any, State], action: str, body: bytes)
     return msgspec.json.encode(result)
 
 
-@post("/", include_in_schema=False, status_code=200)
+@post(["/", "/{path:path}"], include_in_schema=False, status_code=200)
 async def sqs_action(request: Request[Any, Any, State]) -> Response[bytes]:
-    """Answer one SQS action (AWS JSON 1.0)."""
+    """Answer one SQS action (AWS JSON 1.0). Clients post to the endpoint's root (botocore)
+    or to the queue's URL (kombu's asynchronous client): the body names the queue either way."""
     target = request.headers.get("x-amz-target", "")
     action = target.removeprefix(TARGET_PREFIX) if target.startswith(TARGET_PREFIX) else ""
     request_id = str(uuid.uuid4())
