@@ -1,4 +1,4 @@
-"""`create_app(settings)`: the SQS endpoint as a Litestar app (docs/architecture.md#sqs)."""
+"""`create_app(settings)`: the SQS endpoint as a Litestar app (docs/architecture.md#sqs-compatibility)."""
 
 from __future__ import annotations
 
