@@ -1,4 +1,5 @@
-"""`create_app(settings)`: the SQS endpoint as a Litestar app (docs/architecture.md#sqs-compatibility)."""
+"""`create_app(settings)`: the SQS endpoint as a Litestar app
+(docs/architecture.md#sqs-compatibility)."""
 
 from __future__ import annotations
 

@@ -16,9 +16,10 @@ class SqsSettings(HttpServiceSettings, ApiKeySettings):
 
     `sqs_region` is the region clients sign for (SigV4's credential scope) and that ARNs
     name: by default none of AWS's, because the AWS CLI v1 sends a known region's SQS calls
-    to AWS whatever `AWS_ENDPOINT_URL_SQS` says (docs/adr/004-the-sqs-region-is-not-aws.md); `sqs_public_url`, when set, is the base of the queue URLs it hands out (behind a
-    proxy), else the request's own `Host`; `sqs_cache_ttl` is how long a queue's attributes
-    are reused before they are read again (SQS itself says attribute changes take up to 60 s).
+    to AWS whatever `AWS_ENDPOINT_URL_SQS` says (docs/adr/004-the-sqs-region-is-not-aws.md).
+    `sqs_public_url`, when set, is the base of the queue URLs it hands out (behind a proxy),
+    else the request's own `Host`; `sqs_cache_ttl` is how long a queue's attributes are
+    reused before they are read again (SQS itself says attribute changes take up to 60 s).
     """
 
     queue_service_url: str = "http://127.0.0.1:8081"
