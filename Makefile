@@ -150,6 +150,10 @@ keys: ## Print the development API keys, internal token and AWS_* variables `mak
 bench: install ## Whole benchmark suite with peers (~15 min): JSON+PNG in benchmark/results, table in benchmark/README.md
 	$(BIN)/python -m benchmark --preset full
 
+.PHONY: bench-sqs
+bench-sqs: install ## SQS endpoint (boto3) vs jobq's own protocol side by side (~1 min): JSON+PNG in benchmark/results
+	$(BIN)/python -m benchmark.sqs
+
 .PHONY: bench-quick
 bench-quick: install ## Benchmark suite at smoke-test size (no peers, one round; what CI runs), not committed
 	$(BIN)/python -m benchmark --preset quick

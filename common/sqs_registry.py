@@ -50,7 +50,7 @@ class SqsQueue(_Wire):
 
 class SqsQueueRequest(_Wire):
     """`POST /sqs/queues`: declare `name` for `tenant` as the jobq queue `queue`, with
-    `attributes`. Declaring it again with the same attributes is a replay (200)."""
+    `attributes`. Declaring it again answers the queue as it is (200)."""
 
     tenant: Tenant
     name: SqsName

@@ -41,14 +41,14 @@ class SqsController(Controller):
         "/queues",
         status_code=201,
         dto=StrictJSON[SqsQueueRequest],
-        summary="Declare an SQS queue (or replay its declaration)",
+        summary="Declare an SQS queue (or find the one declared)",
         responses=problems(409, 413, 415),
     )
     async def declare(
         self, data: JSONBody[SqsQueueRequest], sqs_store: NamedDependency[SqsStore]
     ) -> Response[SqsQueueReply]:
-        """201 created, 200 when it exists with the same attributes, 409 with others or when
-        the jobq queue belongs to another SQS queue."""
+        """201 created, 200 when it exists (with the attributes it has), 409 when the jobq
+        queue belongs to another SQS queue."""
         queue, created = await sqs_store.declare(
             data.tenant, data.name, data.queue, data.attributes
         )

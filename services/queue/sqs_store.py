@@ -85,10 +85,10 @@ class SqsStore:
     async def declare(
         self, tenant: str, name: str, queue: str, attributes: dict[str, str]
     ) -> tuple[SqsQueue, bool]:
-        """Declare the SQS queue `name` of `tenant` as jobq queue `queue`; returns it and
-        whether it was created. A second declaration with the same attributes is a replay.
-        Raises QueueExists when it exists with other attributes (SQS QueueNameExists), or
-        when another SQS queue already maps to `queue`."""
+        """Declare the SQS queue `name` of `tenant` as jobq queue `queue` with `attributes`;
+        returns it and whether it was created. An existing one is returned as it is (its
+        attributes may differ: SQS's QueueNameExists is for the endpoint to decide). Raises
+        QueueExists when another SQS queue already maps to `queue`."""
         async with self._repository.connection() as conn:
             try:
                 row = await conn.fetchrow(_DECLARE, tenant, name, queue, attributes)
@@ -97,10 +97,7 @@ class SqsStore:
                     f"the jobq queue {queue!r} already belongs to another SQS queue"
                 ) from None
         assert row is not None
-        found = _queue(row)
-        if not row["created"] and found.attributes != attributes:
-            raise QueueExists(f"queue {name!r} exists with other attributes")
-        return found, bool(row["created"])
+        return _queue(row), bool(row["created"])
 
     async def get(self, tenant: str, name: str) -> SqsQueue:
         """The SQS queue `name` of `tenant`; raises QueueNotFound."""

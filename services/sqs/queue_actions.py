@@ -76,11 +76,15 @@ async def create_queue(ctx: Context, request: CreateQueue) -> dict[str, Any]:
     account = ctx.account()
     await _check_redrive(ctx, account, checked)
     try:
-        queue, _ = await ctx.client.declare(account, name, names.jobq_queue(name), checked)
+        queue, created = await ctx.client.declare(account, name, names.jobq_queue(name), checked)
     except QueueExists as exc:
         raise SqsError(
             QUEUE_NAME_EXISTS, f"A queue already exists with the same name: {exc}"
         ) from None
+    if not created and attributes.visible(queue.attributes) != attributes.visible(checked):
+        raise SqsError(
+            QUEUE_NAME_EXISTS, f"A queue named {name} already exists with other attributes."
+        )
     return {"QueueUrl": ctx.url(queue)}
 
 

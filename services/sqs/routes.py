@@ -127,23 +127,29 @@ async def _dispatch(request: Request[Any, Any, State], action: str, body: bytes)
 @post(["/", "/{path:path}"], include_in_schema=False, status_code=200)
 async def sqs_action(request: Request[Any, Any, State]) -> Response[bytes]:
     """Answer one SQS action (AWS JSON 1.0). Clients post to the endpoint's root (botocore)
-    or to the queue's URL (kombu's asynchronous client): the body names the queue either way."""
+    or to the queue's URL (kombu's asynchronous client): the body names the queue either way.
+    Any failure is answered as an SQS error; an unexpected one as InternalError (500), which
+    SDKs retry."""
     target = request.headers.get("x-amz-target", "")
     action = target.removeprefix(TARGET_PREFIX) if target.startswith(TARGET_PREFIX) else ""
     request_id = str(uuid.uuid4())
     label = action if action in ACTIONS or action in UNSUPPORTED else "unknown"
+    metrics = request.app.state.metrics
     try:
         content = await _dispatch(request, action, await request.body())
     except SqsError as exc:
-        request.app.state.metrics.count(label, exc.kind.code)
+        error = exc
+    except Exception:
+        logger.exception("SQS action %s failed", label, extra={"event": "sqs_action_failed"})
+        error = SqsError(INTERNAL_ERROR, "The service could not complete the request.")
+    else:
+        metrics.count(label, "ok")
         return Response(
-            exc.body(),
-            status_code=exc.kind.status,
-            headers={**exc.headers(), "x-amzn-RequestId": request_id},
+            content, media_type=JSON_CONTENT_TYPE, headers={"x-amzn-RequestId": request_id}
         )
-    request.app.state.metrics.count(label, "ok")
+    metrics.count(label, error.kind.code)
     return Response(
-        content,
-        media_type=JSON_CONTENT_TYPE,
-        headers={"x-amzn-RequestId": request_id},
+        error.body(),
+        status_code=error.kind.status,
+        headers={**error.headers(), "x-amzn-RequestId": request_id},
     )

@@ -297,6 +297,9 @@ def test_redrive_policy_to_dead_letter_queue_and_back(sqs: SqsStack) -> None:
     assert [
         (t["TaskHandle"], t["Status"], t["ApproximateNumberOfMessagesMoved"]) for t in tasks
     ] == [(task, "COMPLETED", 1)]
+    # The task's record is the endpoint's own bookkeeping: declaring the DLQ again still
+    # finds it with the attributes it was created with.
+    assert client.create_queue(QueueName="orders-dlq")["QueueUrl"] == dlq
     back = _receive_one(client, source, MessageSystemAttributeNames=["All"])
     assert (back["MessageId"], back["Attributes"]["ApproximateReceiveCount"]) == (sent, "1")
     client.delete_message(QueueUrl=source, ReceiptHandle=back["ReceiptHandle"])
