@@ -32,16 +32,19 @@ from services.sqs.wire import (
     BATCH_MAX,
     ChangeMessageVisibility,
     ChangeMessageVisibilityBatch,
+    DeleteEntry,
     DeleteMessage,
     DeleteMessageBatch,
     ReceiveMessage,
     SendEntry,
     SendMessage,
     SendMessageBatch,
+    VisibilityEntry,
 )
 
 _ENTRY_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 E = TypeVar("E")
+H = TypeVar("H", DeleteEntry, VisibilityEntry)
 
 
 def check_entries(entries: Sequence[E], entry_id: Callable[[E], str]) -> None:
@@ -179,20 +182,31 @@ async def delete_message(ctx: Context, request: DeleteMessage) -> dict[str, Any]
     return {}
 
 
-async def delete_message_batch(ctx: Context, request: DeleteMessageBatch) -> dict[str, Any]:
-    """DeleteMessageBatch: up to 10 deletes in one fenced ack; a malformed handle fails its
-    entry (ReceiptHandleIsInvalid), a stale one succeeds as DeleteMessage does."""
-    check_entries(request.entries, lambda entry: entry.id)
-    await ctx.queue(request.queue_url)
-    acks: list[tuple[str, AckEntry]] = []
-    failed = []
-    for entry in request.entries:
+def _handles(
+    entries: Sequence[H],
+) -> tuple[list[tuple[H, uuid.UUID, uuid.UUID]], list[dict[str, Any]]]:
+    """Each batch entry with its receipt handle's (job id, lease), and the `Failed` entries of
+    malformed handles (ReceiptHandleIsInvalid)."""
+    parsed, failed = [], []
+    for entry in entries:
         try:
             job_id, lease = names.parse_receipt_handle(entry.receipt_handle)
         except SqsError as exc:
             failed.append(_failed(entry.id, exc))
             continue
-        acks.append((entry.id, AckEntry(id=job_id, receipt_handle=lease)))
+        parsed.append((entry, job_id, lease))
+    return parsed, failed
+
+
+async def delete_message_batch(ctx: Context, request: DeleteMessageBatch) -> dict[str, Any]:
+    """DeleteMessageBatch: up to 10 deletes in one fenced ack; a malformed handle fails its
+    entry (ReceiptHandleIsInvalid), a stale one succeeds as DeleteMessage does."""
+    check_entries(request.entries, lambda entry: entry.id)
+    await ctx.queue(request.queue_url)
+    parsed, failed = _handles(request.entries)
+    acks = [
+        (entry.id, AckEntry(id=job_id, receipt_handle=lease)) for entry, job_id, lease in parsed
+    ]
     for members in _rounds([ack.id for _, ack in acks]):
         await ctx.client.ack_many([acks[index][1] for index in members])
     return {"Successful": [{"Id": entry_id} for entry_id, _ in acks], "Failed": failed}
@@ -249,18 +263,19 @@ async def change_message_visibility_batch(
     succeeds or fails alone."""
     check_entries(request.entries, lambda entry: entry.id)
     await ctx.queue(request.queue_url)
-    pending: list[tuple[str, str, HeartbeatEntry]] = []
-    failed = []
-    for item in request.entries:
-        try:
-            job_id, lease = names.parse_receipt_handle(item.receipt_handle)
-        except SqsError as exc:
-            failed.append(_failed(item.id, exc))
-            continue
-        entry = HeartbeatEntry(
-            id=job_id, receipt_handle=lease, visibility_timeout=item.visibility_timeout
+    parsed, failed = _handles(request.entries)
+    pending = [
+        (
+            item.id,
+            item.receipt_handle,
+            HeartbeatEntry(
+                id=job_id,
+                receipt_handle=lease,
+                visibility_timeout=item.visibility_timeout,
+            ),
         )
-        pending.append((item.id, item.receipt_handle, entry))
+        for item, job_id, lease in parsed
+    ]
     successful = []
     for members in _rounds([entry.id for _, _, entry in pending]):
         results = await ctx.client.heartbeat_many([pending[index][2] for index in members])

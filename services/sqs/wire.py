@@ -70,7 +70,9 @@ class SetQueueAttributes(QueueRequest):
     attributes: dict[str, str]
 
 
-class SendMessage(QueueRequest):
+class _Message(_Request):
+    """What a message to send carries."""
+
     message_body: str
     delay_seconds: DelaySeconds | None = None
     message_attributes: dict[str, AttributeValue] = {}
@@ -79,14 +81,12 @@ class SendMessage(QueueRequest):
     message_group_id: str | None = None
 
 
-class SendEntry(_Request):
+class SendMessage(_Message, kw_only=True):
+    queue_url: str
+
+
+class SendEntry(_Message, kw_only=True):
     id: str
-    message_body: str
-    delay_seconds: DelaySeconds | None = None
-    message_attributes: dict[str, AttributeValue] = {}
-    message_system_attributes: dict[str, Any] | None = None
-    message_deduplication_id: str | None = None
-    message_group_id: str | None = None
 
 
 class SendMessageBatch(QueueRequest):

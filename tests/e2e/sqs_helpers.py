@@ -5,15 +5,13 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import boto3
-import pytest
 
 from infra.stack import LocalStack
-from tests.e2e.conftest import E2E_SETTINGS
 
 REGION = "jobq-local-1"
 ACME_ADMIN = "acme-admin-key-0123456789abcdef"
@@ -53,27 +51,6 @@ class SqsStack:
             "AWS_DEFAULT_REGION": REGION,
             "AWS_ENDPOINT_URL_SQS": self.stack.sqs,
         }
-
-
-async def start_sqs_stack(
-    database_url: str, redis_url: str, tmp: pytest.TempPathFactory
-) -> AsyncIterator[SqsStack]:
-    """Queue service, producer and SQS endpoint as real processes (no worker: SQS clients
-    are the consumers), with acme's and beta's keys."""
-    stack = LocalStack(
-        database_url,
-        redis_url,
-        tmp.mktemp("sqs-stack"),
-        workers=0,
-        smtp_enabled=False,
-        sqs_enabled=True,
-        environment={**E2E_SETTINGS, "JOBQ_API_KEYS": KEYS},
-    )
-    await stack.start()
-    try:
-        yield SqsStack(stack)
-    finally:
-        stack.stop()
 
 
 def counts_become(read: Callable[[], dict[str, str]], expected: dict[str, str]) -> None:

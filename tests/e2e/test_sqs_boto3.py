@@ -6,7 +6,6 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,17 +24,8 @@ from tests.e2e.sqs_helpers import (
     SqsStack,
     counts_become,
     key_id,
-    start_sqs_stack,
 )
 from tests.helpers import md5_of_message_attributes
-
-
-@pytest.fixture(scope="module")
-async def sqs(
-    database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[SqsStack]:
-    async for running in start_sqs_stack(database_url, redis_url, tmp_path_factory):
-        yield running
 
 
 def _code(error: ClientError) -> tuple[str, str]:

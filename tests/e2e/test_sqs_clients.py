@@ -8,12 +8,10 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from infra.stack import ROOT
 from tests.e2e import celery_app
@@ -23,18 +21,9 @@ from tests.e2e.sqs_helpers import (
     SqsStack,
     counts_become,
     key_id,
-    start_sqs_stack,
 )
 
 AWS = Path(sys.executable).parent / "aws"
-
-
-@pytest.fixture(scope="module")
-async def sqs(
-    database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[SqsStack]:
-    async for running in start_sqs_stack(database_url, redis_url, tmp_path_factory):
-        yield running
 
 
 def _aws(sqs: SqsStack, *args: str) -> Any:
