@@ -419,3 +419,35 @@ async def test_one_queue_system_two_doors(sqs: SqsStack) -> None:
         for message in messages:
             client.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
         assert (await producer.get(f"/jobs/{sent}")).json()["status"] == "COMPLETED"
+
+
+def test_unsupported_and_admin_only_actions(sqs: SqsStack) -> None:
+    client, submit = sqs.client(), sqs.client(ACME_SUBMIT)
+    url = client.create_queue(QueueName="rules")["QueueUrl"]
+    with pytest.raises(ClientError) as tags:
+        client.tag_queue(QueueUrl=url, Tags={"team": "shop"})
+    assert _code(tags.value) == (
+        "AWS.SimpleQueueService.UnsupportedOperation",
+        "UnsupportedOperation",
+    )
+    with pytest.raises(client.exceptions.ResourceNotFoundException):
+        client.cancel_message_move_task(TaskHandle="no-such-task")
+    for call in (
+        lambda: submit.delete_queue(QueueUrl=url),
+        lambda: submit.start_message_move_task(SourceArn="arn:aws:sqs:jobq-local-1:acme:rules"),
+    ):
+        with pytest.raises(ClientError) as denied:
+            call()
+        assert _code(denied.value)[0] == "AccessDenied"
+    # A submit key sends, receives and deletes.
+    submit.send_message(QueueUrl=url, MessageBody="by a submit key")
+    message = _receive_one(submit, url)
+    submit.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+    with pytest.raises(ClientError) as not_a_dlq:
+        client.start_message_move_task(SourceArn="arn:aws:sqs:jobq-local-1:acme:rules")
+    assert _code(not_a_dlq.value)[0] == "InvalidParameterValue"
+    with pytest.raises(ClientError) as too_big:
+        client.send_message(QueueUrl=url, MessageBody="x" * (256 * 1024 + 1))
+    assert _code(too_big.value)[0] == "InvalidParameterValue"
+    unknown = _signed(sqs, ACME_ADMIN, ACME_ADMIN, datetime.now(UTC), "AmazonSQS.Frobnicate")
+    assert (unknown.status_code, unknown.json()["__type"].split("#")[1]) == (400, "InvalidAction")
