@@ -140,3 +140,21 @@ def test_make_keys_prints_the_keys_without_installing_anything() -> None:
     ).stdout
     assert "pip" not in planned and ".venv" not in planned, planned
     assert "infra.devkeys" in planned
+
+
+def test_dev_keys_export_aws_variables_naming_the_admin_key() -> None:
+    """`make -s keys` points boto3 and the AWS CLI at `make run`'s SQS endpoint: the access
+    key id is the id jobq gives the admin key, the secret the key, the region the endpoint's."""
+    from common.web.access import parse_api_keys
+    from infra.devkeys import aws_variables
+    from services.sqs.settings import SqsSettings
+
+    key = "an-admin-key-0123456789"
+    [caller] = parse_api_keys(f"admin:*:{key}").values()
+    settings = SqsSettings()
+    assert aws_variables(key) == {
+        "AWS_ACCESS_KEY_ID": caller.key_id,
+        "AWS_SECRET_ACCESS_KEY": key,
+        "AWS_DEFAULT_REGION": settings.sqs_region,
+        "AWS_ENDPOINT_URL_SQS": f"http://127.0.0.1:{settings.sqs_port}",
+    }
