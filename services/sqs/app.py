@@ -44,14 +44,23 @@ def create_app(settings: SqsSettings | None = None) -> Litestar:
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         token = settings.queue_internal_token
-        async with ServiceClient(
-            settings.queue_service_url,
-            token=token.get_secret_value() if token else None,
-            timeout=settings.sqs_forward_timeout,
-            metrics=pool_metrics,
-        ) as http:
+        secret = token.get_secret_value() if token else None
+        async with (
+            ServiceClient(
+                settings.queue_service_url,
+                token=secret,
+                timeout=settings.sqs_forward_timeout,
+                metrics=pool_metrics,
+            ) as http,
+            ServiceClient(
+                settings.queue_service_url,
+                token=secret,
+                timeout=settings.sqs_forward_timeout,
+                max_connections=settings.sqs_max_long_polls,
+            ) as polls,
+        ):
             app.state.client = QueueServiceClient(
-                http, settings.sqs_forward_timeout, settings.sqs_cache_ttl
+                http, polls, settings.sqs_forward_timeout, settings.sqs_cache_ttl
             )
             yield
 

@@ -48,11 +48,15 @@ _READ_MARGIN = 10.0
 
 class QueueServiceClient:
     """Calls the queue service; errors are the `common.errors` classes it answered with
-    (QueueNotFound, QueueExists, ServiceUnavailable, ...). `timeout` is one call's deadline
-    (seconds), `cache_ttl` how long a looked-up queue is reused."""
+    (QueueNotFound, QueueExists, ServiceUnavailable, ...). Claims go over `polls`, a pool of
+    their own, so many long polls never hold up other calls (`http`). `timeout` is one call's
+    deadline (seconds), `cache_ttl` how long a looked-up queue is reused."""
 
-    def __init__(self, http: ServiceClient, timeout: float, cache_ttl: float) -> None:
+    def __init__(
+        self, http: ServiceClient, polls: ServiceClient, timeout: float, cache_ttl: float
+    ) -> None:
         self._http = http
+        self._polls = polls
         self._timeout = timeout
         self._ttl = cache_ttl
         self._cache: dict[tuple[str, str], tuple[float, SqsQueue]] = {}
@@ -153,7 +157,7 @@ class QueueServiceClient:
 
     async def claim(self, request: ClaimRequest) -> ClaimResponse:
         """Long-poll for jobs; none when none arrived within the wait."""
-        reply = await self._http.call(
+        reply = await self._polls.call(
             "POST", "/jobs/next", request, deadline=request.wait_seconds + _READ_MARGIN
         )
         if reply.status == 204:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from common.web.settings import ApiKeySettings, Duration, HttpServiceSettings, Port, Token
 
@@ -19,7 +20,9 @@ class SqsSettings(HttpServiceSettings, ApiKeySettings):
     to AWS whatever `AWS_ENDPOINT_URL_SQS` says (docs/adr/004-the-sqs-region-is-not-aws.md).
     `sqs_public_url`, when set, is the base of the queue URLs it hands out (behind a proxy),
     else the request's own `Host`; `sqs_cache_ttl` is how long a queue's attributes are
-    reused before they are read again (SQS itself says attribute changes take up to 60 s).
+    reused before they are read again (SQS itself says attribute changes take up to 60 s);
+    `sqs_max_long_polls` bounds the receives waiting on the queue service at once (their own
+    connection pool, so sends and deletes never queue behind long polls).
     """
 
     queue_service_url: str = "http://127.0.0.1:8081"
@@ -31,6 +34,7 @@ class SqsSettings(HttpServiceSettings, ApiKeySettings):
     sqs_forward_timeout: Duration = 5.0
     sqs_cache_ttl: Duration = 1.0
     sqs_shutdown_grace: Duration = 25.0
+    sqs_max_long_polls: Annotated[int, Field(ge=1, le=10_000)] = 1000
 
     @field_validator("sqs_region")
     @classmethod
