@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import msgspec
 
 from common.contracts import MAX_ATTEMPTS_MAX
+from common.sqs_registry import SQS_ATTRIBUTE_VALUE_MAX
 from services.sqs.errors import (
     INVALID_ATTRIBUTE_NAME,
     INVALID_ATTRIBUTE_VALUE,
@@ -108,6 +109,12 @@ def check(attributes: Mapping[str, str]) -> dict[str, str]:
     value out of bounds. Checking a RedrivePolicy's target exists is the caller's job."""
     checked: dict[str, str] = {}
     for name, value in attributes.items():
+        if len(value) > SQS_ATTRIBUTE_VALUE_MAX:
+            raise SqsError(
+                INVALID_ATTRIBUTE_VALUE,
+                f"Invalid value for the parameter {name[:64]}: longer than "
+                f"{SQS_ATTRIBUTE_VALUE_MAX} characters.",
+            )
         if name in _FIFO_ONLY:
             raise SqsError(UNSUPPORTED_OPERATION, "FIFO queues are not supported by jobq.")
         if name in _BOUNDS:

@@ -51,6 +51,16 @@ def check_sqs_name(name: str) -> str:
     return name
 
 
+def is_sqs_name(name: str) -> bool:
+    """Whether `name` is a standard SQS queue name."""
+    return _SQS_NAME.fullmatch(name) is not None
+
+
+def is_account(account: str) -> bool:
+    """Whether `account` can name a tenant."""
+    return _JOBQ_NAME.fullmatch(account) is not None
+
+
 def queue_url(base: str, account: str, name: str) -> str:
     """`<base>/<account>/<name>`."""
     return f"{base}/{account}/{name}"
@@ -73,7 +83,7 @@ def queue_arn(region: str, account: str, name: str) -> str:
 def parse_arn(arn: str) -> tuple[str, str]:
     """(account, name) of a queue ARN; raises InvalidParameterValue."""
     found = _ARN.fullmatch(arn)
-    if found is None or not _SQS_NAME.fullmatch(found["name"]):
+    if found is None or not is_sqs_name(found["name"]) or not is_account(found["account"]):
         raise invalid(f"Value {arn} for parameter is not a queue ARN")
     return found["account"], found["name"]
 

@@ -22,6 +22,7 @@ from services.sqs import attributes, names
 from services.sqs.context import Context
 from services.sqs.errors import (
     INVALID_ATTRIBUTE_NAME,
+    QUEUE_DOES_NOT_EXIST,
     QUEUE_NAME_EXISTS,
     RESOURCE_NOT_FOUND,
     SqsError,
@@ -90,7 +91,12 @@ async def create_queue(ctx: Context, request: CreateQueue) -> dict[str, Any]:
 
 async def get_queue_url(ctx: Context, request: GetQueueUrl) -> dict[str, Any]:
     """GetQueueUrl: the URL of a queue of the caller's account (or QueueOwnerAWSAccountId)."""
-    queue = await ctx.named(ctx.account(request.queue_owner_aws_account_id), request.queue_name)
+    account = request.queue_owner_aws_account_id
+    if not names.is_account(account or ctx.caller.owner) or not names.is_sqs_name(
+        request.queue_name
+    ):
+        raise SqsError(QUEUE_DOES_NOT_EXIST, "The specified queue does not exist.")
+    queue = await ctx.named(ctx.account(account), request.queue_name)
     return {"QueueUrl": ctx.url(queue)}
 
 
@@ -100,8 +106,10 @@ async def list_queues(ctx: Context, request: ListQueues) -> dict[str, Any]:
     first 1000, as SQS)."""
     limit = request.max_results or 1000
     after = request.next_token
-    if after is not None and not after.replace("-", "").replace("_", "").isalnum():
+    if after is not None and not names.is_sqs_name(after):
         raise invalid("Invalid NextToken value.")
+    if request.queue_name_prefix and not names.is_sqs_name(request.queue_name_prefix):
+        raise invalid("QueueNamePrefix can only include alphanumeric characters, - and _.")
     page = await ctx.client.list_queues(ctx.caller.scope, request.queue_name_prefix, after, limit)
     reply: dict[str, Any] = {}
     if page.items:

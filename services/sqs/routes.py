@@ -16,7 +16,14 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
-from common.errors import JobqError, QueueExists, QueueNotFound, ServiceUnavailable
+from common.errors import (
+    InvalidInput,
+    JobqError,
+    MalformedRequest,
+    QueueExists,
+    QueueNotFound,
+    ServiceUnavailable,
+)
 from common.web.access import OPEN_ACCESS
 from services.sqs import message_actions as m
 from services.sqs import queue_actions as q
@@ -25,6 +32,7 @@ from services.sqs.context import Context
 from services.sqs.errors import (
     INTERNAL_ERROR,
     INVALID_ACTION,
+    INVALID_PARAMETER_VALUE,
     JSON_CONTENT_TYPE,
     QUEUE_DOES_NOT_EXIST,
     QUEUE_NAME_EXISTS,
@@ -83,6 +91,9 @@ def _base_url(request: Request[Any, Any, State]) -> str:
 
 
 def _jobq_to_sqs(exc: JobqError) -> SqsError:
+    if isinstance(exc, InvalidInput | MalformedRequest):
+        # The endpoint validates at its boundary; this is a safety net, not a path.
+        return SqsError(INVALID_PARAMETER_VALUE, exc.detail)
     if isinstance(exc, QueueNotFound):
         return SqsError(QUEUE_DOES_NOT_EXIST, "The specified queue does not exist.")
     if isinstance(exc, QueueExists):

@@ -61,6 +61,11 @@ def test_queue_lifecycle(sqs: SqsStack) -> None:
     rest = client.list_queues(QueueNamePrefix="life", MaxResults=2, NextToken=first["NextToken"])
     assert first["QueueUrls"] + rest["QueueUrls"] == listed  # the prefix is case-sensitive
     assert "NextToken" not in rest
+    with pytest.raises(ClientError) as bad_prefix:
+        client.list_queues(QueueNamePrefix="life/")
+    assert _code(bad_prefix.value)[0] == "InvalidParameterValue"
+    with pytest.raises(client.exceptions.QueueDoesNotExist):
+        client.get_queue_url(QueueName="no such/queue")
     upper = client.list_queues(QueueNamePrefix="Life")["QueueUrls"]
     assert upper == [f"{sqs.stack.sqs}/acme/Life_Upper"]
 
