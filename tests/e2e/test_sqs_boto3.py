@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from botocore.auth import SigV4Auth
@@ -16,6 +18,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
+from jobq import enqueue
 from tests.e2e.sqs_helpers import (
     ACME_ADMIN,
     ACME_SUBMIT,
@@ -456,3 +459,27 @@ def test_unsupported_and_admin_only_actions(sqs: SqsStack) -> None:
     assert _code(too_big.value)[0] == "InvalidParameterValue"
     unknown = _signed(sqs, ACME_ADMIN, ACME_ADMIN, datetime.now(UTC), "AmazonSQS.Frobnicate")
     assert (unknown.status_code, unknown.json()["__type"].split("#")[1]) == (400, "InvalidAction")
+
+
+async def test_transactional_send_with_the_client_library(sqs: SqsStack) -> None:
+    """A message enqueued inside the application's own transaction arrives when it commits,
+    and never when it rolls back."""
+    client = sqs.client()
+    url = client.create_queue(QueueName="transactional")["QueueUrl"]
+    connection = await asyncpg.connect(sqs.stack.database_url)
+    try:
+        async with connection.transaction():
+            await enqueue(
+                connection, "sqs", {"body": "committed"}, queue="transactional", tenant="acme"
+            )
+        with contextlib.suppress(RuntimeError):
+            async with connection.transaction():
+                await enqueue(
+                    connection, "sqs", {"body": "rolled back"}, queue="transactional", tenant="acme"
+                )
+                raise RuntimeError("the application's transaction fails")
+    finally:
+        await connection.close()
+    got = client.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=5)
+    assert [m["Body"] for m in got["Messages"]] == ["committed"]
+    assert "Messages" not in client.receive_message(QueueUrl=url, WaitTimeSeconds=1)
