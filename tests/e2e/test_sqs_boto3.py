@@ -399,6 +399,9 @@ def test_signatures_and_tenants(sqs: SqsStack) -> None:
         assert _code(denied.value)[0] == "AccessDenied"
     with pytest.raises(beta.exceptions.QueueDoesNotExist):
         beta.get_queue_url(QueueName="acme-private")
+    # jobq queues are shared by every tenant: the name is taken.
+    with pytest.raises(beta.exceptions.QueueNameExists):
+        beta.create_queue(QueueName="acme-private")
     assert url not in beta.list_queues().get("QueueUrls", [])
 
 
