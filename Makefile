@@ -67,11 +67,11 @@ migrate: install ## Apply the alembic migrations to DATABASE_URL (or the found s
 		$(BIN)/alembic upgrade head
 
 .PHONY: run
-run: install ## Start PostgreSQL/Redis if needed, migrate, run queue, producer, 2 workers, SMTP sink
+run: install ## Start PostgreSQL/Redis if needed, migrate, run queue, producer, SQS endpoint, 2 workers, SMTP sink
 	@eval "$$($(BIN)/python -m infra.servers env --database jobq)" && \
 		export DATABASE_URL REDIS_URL && $(BIN)/alembic upgrade head && \
 		eval "$$($(BIN)/python -m infra.devkeys)" && \
-		echo "jobq: producer http://127.0.0.1:8080  queue http://127.0.0.1:8081  workers' metrics :9101 :9102  (Ctrl-C stops)" && \
+		echo "jobq: producer http://127.0.0.1:8080  SQS http://127.0.0.1:9324  queue http://127.0.0.1:8081  workers' metrics :9101 :9102  (Ctrl-C stops)" && \
 		echo "jobq: try  curl -s -X POST localhost:8080/jobs -H 'Authorization: Bearer $$JOBQ_KEY' -H 'Content-Type: application/json' -d '{\"taskType\":\"email\",\"payload\":{\"to\":\"a@example.com\",\"subject\":\"hi\"}}'" && \
 		env $(RUN_ENV) $(BIN)/honcho --no-colour --env "$(RUN_ENV_FILE)" -d . -f infra/Procfile start; \
 		status=$$?; [ $$status -eq 0 ] || [ $$status -eq 130 ]  # 130: stopped with Ctrl-C
@@ -154,12 +154,16 @@ openapi: install ## Regenerate the committed OpenAPI documents in openapi/
 	$(BIN)/python -m infra.openapi
 
 .PHONY: keys
-keys: ## Print the development API keys and internal token `make run` uses (no install needed)
+keys: ## Print the development API keys, internal token and AWS_* variables `make run` uses (no install needed)
 	@$(PYTHON) -m infra.devkeys
 
 .PHONY: bench
 bench: install ## Whole benchmark suite with peers (~15 min): JSON+PNG in benchmark/results, table in benchmark/README.md
 	$(BIN)/python -m benchmark --preset full
+
+.PHONY: bench-sqs
+bench-sqs: install ## SQS endpoint (boto3) vs jobq's own protocol side by side (~1 min): JSON+PNG in benchmark/results
+	$(BIN)/python -m benchmark.sqs
 
 .PHONY: bench-quick
 bench-quick: install ## Benchmark suite at smoke-test size (no peers, one round; what CI runs), not committed

@@ -113,6 +113,14 @@ class StaleReceiptHandle(JobqError):
     title = "Stale receipt handle"
 
 
+class QueueExists(JobqError):
+    """A queue of that name exists with other settings, or the name is taken (409)."""
+
+    status = 409
+    slug = "queue-exists"
+    title = "Queue exists"
+
+
 class IdempotencyConflict(JobqError):
     """The idempotency key is already used by a job created from a different request (409)."""
 
@@ -237,6 +245,7 @@ _BY_SLUG: dict[str, type[JobqError]] = {
         Forbidden,
         JobNotFound,
         QueueNotFound,
+        QueueExists,
         StaleReceiptHandle,
         IdempotencyConflict,
         InvalidState,

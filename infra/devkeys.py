@@ -2,17 +2,35 @@
 
 `python -m infra.devkeys` prints shell lines exporting `JOBQ_API_KEYS` (an admin of every
 tenant, `admin:*:<key>`, and a submit key of the tenant `default`), `QUEUE_INTERNAL_TOKEN`,
-`JOBQ_KEY` (the admin key, for curl) and `GRAFANA_ADMIN_PASSWORD` (for infra/compose.yml).
+`JOBQ_KEY` (the admin key, for curl), `GRAFANA_ADMIN_PASSWORD` (for infra/compose.yml), and
+the AWS variables that point boto3 and the AWS CLI at the SQS endpoint with the admin key
+(`AWS_ACCESS_KEY_ID`: the key's id, `AWS_SECRET_ACCESS_KEY`: the key, `AWS_DEFAULT_REGION`,
+`AWS_ENDPOINT_URL_SQS`; README "SQS compatibility").
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import shlex
 import sys
 from pathlib import Path
 
 ENV_FILE = Path(__file__).resolve().parent.parent / ".jobq" / "dev.env"
+SQS_ENDPOINT = "http://127.0.0.1:9324"
+SQS_REGION = "jobq-local-1"
+
+
+def aws_variables(key: str) -> dict[str, str]:
+    """The AWS SDK variables that sign with API key `key` at `make run`'s SQS endpoint: the
+    access key id names the key (the first 12 hex digits of its SHA-256), the key is the
+    secret."""
+    return {
+        "AWS_ACCESS_KEY_ID": hashlib.sha256(key.encode()).hexdigest()[:12],
+        "AWS_SECRET_ACCESS_KEY": key,
+        "AWS_DEFAULT_REGION": SQS_REGION,
+        "AWS_ENDPOINT_URL_SQS": SQS_ENDPOINT,
+    }
 
 
 def load_or_create(path: Path = ENV_FILE) -> dict[str, str]:
@@ -47,7 +65,7 @@ def _write(path: Path, values: dict[str, str]) -> None:
 def main() -> None:
     """Print `export` lines for the shell; a note for the user goes to stderr."""
     values = load_or_create()
-    for key, value in values.items():
+    for key, value in {**values, **aws_variables(values["JOBQ_KEY"])}.items():
         print(f"export {key}={shlex.quote(value)}")
     print(
         f"jobq: development keys (kept in {ENV_FILE}): admin {values['JOBQ_KEY']}"

@@ -33,7 +33,8 @@ def free_port() -> int:
 
 @dataclass
 class LocalStack:
-    """A queue service, a producer, `workers` worker replicas and an SMTP sink.
+    """A queue service, a producer, `workers` worker replicas, an SMTP sink and (with
+    `sqs_enabled`) the SQS endpoint.
 
     `start()` launches them with `environment` plus per-process ports and waits until every
     `/health/ready` answers 200 (raising RuntimeError with the logs if one dies or times out);
@@ -55,12 +56,14 @@ class LocalStack:
     grace: float = 15.0
     producer_enabled: bool = True
     smtp_enabled: bool = True
+    sqs_enabled: bool = False
     root: Path = ROOT
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.queue_port, self.producer_port, self.smtp_port = free_port(), free_port(), free_port()
+        self.sqs_port = free_port()
         # Every stack guards its queue service like production does.
         self.internal_token = secrets.token_urlsafe(24)
         self.metrics_ports = [free_port() for _ in range(self.workers)]
@@ -77,6 +80,11 @@ class LocalStack:
         return f"http://127.0.0.1:{self.queue_port}"
 
     @property
+    def sqs(self) -> str:
+        """Base URL of the SQS endpoint (the `endpoint_url` of an SQS client)."""
+        return f"http://127.0.0.1:{self.sqs_port}"
+
+    @property
     def mailbox(self) -> Path:
         """JSON lines of every mail the SMTP sink received."""
         return self.logs / "mailbox.jsonl"
@@ -85,7 +93,7 @@ class LocalStack:
         inherited = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith(("QUEUE_", "WORKER_", "PRODUCER_"))
+            if not k.startswith(("QUEUE_", "WORKER_", "PRODUCER_", "SQS_"))
         }
         return {
             **inherited,
@@ -94,6 +102,7 @@ class LocalStack:
             "LOG_FORMAT": "json",
             "QUEUE_PORT": str(self.queue_port),
             "PRODUCER_PORT": str(self.producer_port),
+            "SQS_PORT": str(self.sqs_port),
             "QUEUE_SERVICE_URL": self.queue,
             "SMTP_HOST": "127.0.0.1",
             "SMTP_PORT": str(self.smtp_port),
@@ -139,10 +148,14 @@ class LocalStack:
         self._launch("queue", ["services.queue"], env)
         if self.producer_enabled:
             self._launch("producer", ["services.producer"], env)
+        if self.sqs_enabled:
+            self._launch("sqs", ["services.sqs"], env)
         try:
             await self.wait_ready(f"{self.queue}/health/ready")
             if self.producer_enabled:
                 await self.wait_ready(f"{self.producer}/health/ready")
+            if self.sqs_enabled:
+                await self.wait_ready(f"{self.sqs}/health/ready")
             await self.start_workers(range(self.workers if workers is None else workers))
         except RuntimeError:
             self.stop()

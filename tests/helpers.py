@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from common.contracts import SubmitJobRequest
 from common.enqueue import JobRow, job_row
@@ -97,3 +99,20 @@ async def trickle_until_closed(
         raise AssertionError(f"the server kept the connection open for {within}s: {received!r}")
     writer.close()
     return bytes(received)
+
+
+def md5_of_message_attributes(attributes: dict[str, dict[str, Any]]) -> str:
+    """SQS's MD5OfMessageAttributes of boto3-shaped attributes (binary values as bytes),
+    written from the SQS Developer Guide independently of services.sqs.digests."""
+    digest = hashlib.md5()
+    for name in sorted(attributes):
+        value = attributes[name]
+        for text in (name, value["DataType"]):
+            digest.update(struct.pack(">I", len(text.encode())) + text.encode())
+        if "BinaryValue" in value:
+            data = bytes(value["BinaryValue"])
+            digest.update(b"\x02" + struct.pack(">I", len(data)) + data)
+        else:
+            data = value["StringValue"].encode()
+            digest.update(b"\x01" + struct.pack(">I", len(data)) + data)
+    return digest.hexdigest()

@@ -167,16 +167,6 @@ class ApiKeys:
     def __init__(self, keys: dict[str, Caller]) -> None:
         self._by_digest = {_digest(key): caller for key, caller in keys.items()}
 
-    @classmethod
-    def merge(cls, *sources: dict[str, Caller]) -> ApiKeys:
-        """One set from several parsed sources; raises ValueError for a key in two of them."""
-        merged: dict[str, Caller] = {}
-        for source in sources:
-            if merged.keys() & source.keys():
-                raise ValueError("the same key is listed in JOBQ_API_KEYS and the keys file")
-            merged.update(source)
-        return cls(merged)
-
     def __bool__(self) -> bool:
         return bool(self._by_digest)
 

@@ -12,6 +12,7 @@ import ipaddress
 import math
 import re
 import sys
+from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import (
@@ -26,6 +27,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from common.contracts import CLIENT_IDLE_SECONDS, SERVER_KEEP_ALIVE_MIN_SECONDS
 from common.mail import EmailPolicy
+from common.web.access import ApiKeys, Caller, parse_api_keys
 from common.web.serving import ServerLimits
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -217,6 +219,60 @@ class EmailPolicySettings(BaseServiceSettings):
     def email_policy(self) -> EmailPolicy:
         """The policy these settings describe; raises ValueError for a bad entry."""
         return EmailPolicy.of(self.smtp_allowed_senders, self.smtp_allowed_recipient_domains)
+
+
+class ApiKeySettings(BaseServiceSettings):
+    """The public API keys (`JOBQ_API_KEYS`, `JOBQ_API_KEYS_FILE`) of the services that
+    authenticate callers: the producer and the SQS endpoint (docs/architecture.md#access)."""
+
+    jobq_api_keys: SecretStr | None = None
+    jobq_api_keys_file: Path | None = None
+
+    @field_validator("jobq_api_keys")
+    @classmethod
+    def _keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not parse_api_keys(value.get_secret_value()):
+            # Set but empty must not silently mean "open": unset it for open access.
+            raise ValueError("lists no key; give role:tenant:key entries, or unset it")
+        return value
+
+    @field_validator("jobq_api_keys_file")
+    @classmethod
+    def _keys_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not parse_api_keys(_read_keys_file(value), str(value), lines=True):
+            raise ValueError(f"{value} lists no key; give role:tenant:key lines, or unset it")
+        return value
+
+    @model_validator(mode="after")
+    def _no_key_twice(self) -> ApiKeySettings:
+        self.api_keys()
+        return self
+
+    def key_entries(self) -> dict[str, Caller]:
+        """{key: Caller} of `JOBQ_API_KEYS` and `JOBQ_API_KEYS_FILE` together; raises
+        ValueError for a key listed in both."""
+        inline = self.jobq_api_keys.get_secret_value() if self.jobq_api_keys else ""
+        parsed = parse_api_keys(inline)
+        if self.jobq_api_keys_file is not None:
+            from_file = parse_api_keys(
+                _read_keys_file(self.jobq_api_keys_file), str(self.jobq_api_keys_file), lines=True
+            )
+            if parsed.keys() & from_file.keys():
+                raise ValueError("the same key is listed in JOBQ_API_KEYS and the keys file")
+            parsed.update(from_file)
+        return parsed
+
+    def api_keys(self) -> ApiKeys:
+        """The keys of `JOBQ_API_KEYS` and `JOBQ_API_KEYS_FILE` together; empty means open
+        access. Raises ValueError for a key listed in both."""
+        return ApiKeys(self.key_entries())
+
+
+def _read_keys_file(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseServiceSettings)

@@ -46,6 +46,8 @@ from services.queue.routes import (
 from services.queue.schedules import parse_schedules
 from services.queue.service import QueueService
 from services.queue.settings import QueueSettings, plain_database_url
+from services.queue.sqs_routes import SqsController
+from services.queue.sqs_store import SqsStore
 from services.queue.wakeup import WakeupHub, listen_forever
 
 logger = logging.getLogger(__name__)
@@ -158,7 +160,11 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             repository, settings.queue_retention, settings.queue_dead_letter_retention
         )
         app.state.update(
-            pool=pool, service=service, depth_cache=depth_cache, head_revision=head_revision()
+            pool=pool,
+            service=service,
+            depth_cache=depth_cache,
+            sqs_store=SqsStore(repository),
+            head_revision=head_revision(),
         )
         loops: list[asyncio.Task[None]] = []
         try:
@@ -247,9 +253,14 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         cache: DepthCache = state.depth_cache
         return cache
 
+    def provide_sqs_store(state: State) -> SqsStore:
+        store: SqsStore = state.sqs_store
+        return store
+
     app = Litestar(
         route_handlers=[
             JobController,
+            SqsController,
             queues,
             change_queue,
             set_limits,
@@ -263,6 +274,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         dependencies={
             "service": Provide(provide_service, sync_to_thread=False),
             "depth_cache": Provide(provide_depth_cache, sync_to_thread=False),
+            "sqs_store": Provide(provide_sqs_store, sync_to_thread=False),
         },
         exception_handlers=exception_handlers(),
         before_request=request_checks(token_check(token.get_secret_value() if token else None)),

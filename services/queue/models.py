@@ -205,3 +205,20 @@ class RateBucket(Base):
     tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
     tokens: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class SqsQueueRecord(Base):
+    """An SQS queue declared through the SQS endpoint (services.sqs): tenant `tenant` (the
+    SQS account) named it `name`, its messages are the jobs of jobq queue `queue` (one SQS
+    queue per jobq queue), and `attributes` holds its SQS attributes as SQS states them
+    (`{"VisibilityTimeout": "30", ...}`). Only the SQS endpoint reads or writes them
+    (docs/architecture.md#sqs-compatibility)."""
+
+    __tablename__ = "sqs_queue"
+
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(80), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(64), unique=True)
+    attributes: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

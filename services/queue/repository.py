@@ -1527,6 +1527,12 @@ class JobRepository:
             finally:
                 self._scopes.discard(scope)
 
+    def connection(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        """A pooled connection with this repository's error translation (ServiceUnavailable
+        for an unreachable database) and shutdown deadline, for the queue service's other
+        stores (`services.queue.sqs_store`)."""
+        return self._connection()
+
     async def _fetch(self, statement: str, *args: Any) -> list[asyncpg.Record]:
         """Run one statement (its own transaction); all its rows."""
         rows: list[asyncpg.Record] = await self._on_connection(

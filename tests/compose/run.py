@@ -9,7 +9,7 @@ the stack is always taken down):
  3. stand-ins   the images compose would pull, built from Debian packages (tests/compose/standins)
  4. build       jobq's images from infra/Dockerfile (`docker compose build`)
  5. up          fresh volumes, `up --scale worker=3 --wait`: every service healthy or running,
-                every volume a named one
+                every volume a named one; the producer and the SQS endpoint ready on loopback
  6. jobs        500 jobs (noop, sleep, email to the compose mail sink) complete, on >= 2 workers
  7. targets     Prometheus has every service up and 3 workers
  8. scale       --scale worker=5, then 2: Prometheus follows
@@ -52,6 +52,7 @@ HERE = Path(__file__).resolve().parent
 COMPOSE_FILE = ROOT / "infra" / "compose.yml"
 PROJECT = "jobq"
 PRODUCER = "http://127.0.0.1:8080"
+SQS = "http://127.0.0.1:9324"
 PROMETHEUS = "http://127.0.0.1:9090"
 STEPS = 13
 
@@ -283,9 +284,10 @@ def step_up() -> None:
     named = {f"{PROJECT}_{v}" for v in ("pgdata", "redis", "prometheus", "grafana")}
     if volumes != named:
         raise Failed(f"volumes {sorted(volumes)}, expected only {sorted(named)}")
-    status, _, body = http("GET", f"{PRODUCER}/health/ready")
-    if status != 200:
-        raise Failed(f"producer not ready: {status} {body}")
+    for name, base in (("producer", PRODUCER), ("SQS endpoint", SQS)):
+        status, _, body = http("GET", f"{base}/health/ready")
+        if status != 200:
+            raise Failed(f"{name} not ready: {status} {body}")
 
 
 def step_jobs() -> None:

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from infra.stack import LocalStack
+from tests.e2e.sqs_helpers import KEYS, SqsStack
 
 E2E_SETTINGS = {
     "QUEUE_RETRY_BASE_DELAY": "50ms",
@@ -31,6 +32,28 @@ async def stack(
     await stack.start()
     try:
         yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="module")
+async def sqs(
+    database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[SqsStack]:
+    """Queue service, producer and SQS endpoint as real processes (no worker: SQS clients
+    are the consumers), with acme's and beta's keys. Test modules import it by name."""
+    stack = LocalStack(
+        database_url,
+        redis_url,
+        tmp_path_factory.mktemp("sqs-stack"),
+        workers=0,
+        smtp_enabled=False,
+        sqs_enabled=True,
+        environment={**E2E_SETTINGS, "JOBQ_API_KEYS": KEYS},
+    )
+    await stack.start()
+    try:
+        yield SqsStack(stack)
     finally:
         stack.stop()
 

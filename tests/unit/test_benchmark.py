@@ -137,3 +137,36 @@ def test_latency_under_load_gets_a_table_and_the_half_knee_p99_a_target() -> Non
     assert "| 600/s | 50% | 12 | 8 | 20 | 30 | 50 | yes |" in report.table(document, latest)
     [row] = [r for r in report.summary(document) if "50 % of the knee" in r["figure"]]
     assert (row["value"], row["target"], row["met"]) == (30.0, "< 25 ms", False)
+
+
+def test_sqs_benchmark_summary_takes_medians_and_ratios() -> None:
+    from benchmark.sqs import summary
+
+    def side(send: float, drain: float, cpu: float) -> dict[str, Any]:
+        latency = {"p95_ms": 10.0}
+        return {
+            "send": {
+                "messages_per_s": send,
+                "latency": latency,
+                "cpu_us_per_message": {"total": cpu},
+            },
+            "drain": {
+                "messages_per_s": drain,
+                "receive_latency": latency,
+                "delete_latency": {"p95_ms": 20.0},
+                "cpu_us_per_message": {"total": cpu},
+            },
+            "round_trip_messages_per_s": send * drain / (send + drain),
+        }
+
+    rounds = [
+        {"sqs": side(500, 400, 300), "jobq": side(1000, 800, 100)},
+        {"sqs": side(700, 100, 500), "jobq": side(1000, 1000, 200)},
+        {"sqs": side(600, 300, 400), "jobq": side(1000, 900, 150)},
+    ]
+    result = summary(rounds)
+    assert result["sqs"]["send_messages_per_s"] == 600
+    assert result["jobq"]["drain_messages_per_s"] == 900
+    assert result["ratio_sqs_to_jobq"]["send_messages_per_s"] == 0.6
+    assert result["ratio_sqs_to_jobq"]["drain_messages_per_s"] == round(300 / 900, 3)
+    assert result["ratio_sqs_to_jobq"]["cpu_us_per_message"] == round(800 / 300, 3)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from services.producer.settings import ProducerSettings
 from services.queue.settings import QueueSettings
+from services.sqs.settings import SqsSettings
 from services.worker.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +18,7 @@ def test_env_example_lists_every_setting() -> None:
     listed = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]+)=", text, flags=re.MULTILINE))
     fields = {
         name.upper()
-        for settings in (QueueSettings, ProducerSettings, WorkerSettings)
+        for settings in (QueueSettings, ProducerSettings, WorkerSettings, SqsSettings)
         for name in settings.model_fields
     }
     assert fields - listed == set(), "add these to .env.example"

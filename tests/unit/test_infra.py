@@ -25,7 +25,7 @@ def procfile_commands() -> dict[str, list[str]]:
 def test_compose_runs_the_procfile_commands() -> None:
     compose = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
     procfile = procfile_commands()
-    for service in ("queue", "producer", "worker"):
+    for service in ("queue", "producer", "sqs", "worker"):
         assert compose["services"][service]["command"] == procfile[service], service
     assert compose["services"]["smtp"]["command"][:3] == procfile["smtp"]
 
@@ -48,7 +48,7 @@ def test_every_jobq_image_command_is_one_the_tests_start() -> None:
         for name, service in compose["services"].items()
         if "build" in service
     }
-    assert set(on_our_image) == {"migrate", "queue", "producer", "worker", "smtp"}
+    assert set(on_our_image) == {"migrate", "queue", "producer", "sqs", "worker", "smtp"}
     for name, command in on_our_image.items():
         assert any(command[: len(s)] == s for s in started), f"{name}: {command}"
 
@@ -76,6 +76,7 @@ def test_compose_builds_the_runtime_image_and_the_sink_apart() -> None:
         "migrate": "runtime",
         "queue": "runtime",
         "producer": "runtime",
+        "sqs": "runtime",
         "worker": "runtime",
         "smtp": "smtp-sink",
     }
@@ -139,3 +140,21 @@ def test_make_keys_prints_the_keys_without_installing_anything() -> None:
     ).stdout
     assert "pip" not in planned and ".venv" not in planned, planned
     assert "infra.devkeys" in planned
+
+
+def test_dev_keys_export_aws_variables_naming_the_admin_key() -> None:
+    """`make -s keys` points boto3 and the AWS CLI at `make run`'s SQS endpoint: the access
+    key id is the id jobq gives the admin key, the secret the key, the region the endpoint's."""
+    from common.web.access import parse_api_keys
+    from infra.devkeys import aws_variables
+    from services.sqs.settings import SqsSettings
+
+    key = "an-admin-key-0123456789"
+    [caller] = parse_api_keys(f"admin:*:{key}").values()
+    settings = SqsSettings()
+    assert aws_variables(key) == {
+        "AWS_ACCESS_KEY_ID": caller.key_id,
+        "AWS_SECRET_ACCESS_KEY": key,
+        "AWS_DEFAULT_REGION": settings.sqs_region,
+        "AWS_ENDPOINT_URL_SQS": f"http://127.0.0.1:{settings.sqs_port}",
+    }

@@ -191,13 +191,13 @@ def test_grafana_provisioning_matches_compose() -> None:
     assert "GRAFANA_ADMIN_PASSWORD" in grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
 
 
-def test_compose_publishes_only_producer_prometheus_grafana_on_loopback() -> None:
+def test_compose_publishes_only_producer_sqs_prometheus_grafana_on_loopback() -> None:
     published = {
         name: service["ports"]
         for name, service in COMPOSE["services"].items()
         if "ports" in service
     }
-    assert set(published) == {"producer", "prometheus", "grafana"}
+    assert set(published) == {"producer", "sqs", "prometheus", "grafana"}
     for ports in published.values():
         for port in ports:
             assert port.startswith("${JOBQ_PUBLISH_ADDRESS:-127.0.0.1}:"), port
@@ -271,6 +271,7 @@ def test_compose_services_depend_on_what_they_connect_to() -> None:
     uses = {
         "queue": {"postgres", "redis", "migrate"},
         "producer": {"queue"},
+        "sqs": {"queue"},
         "worker": {"queue", "smtp"},
         "migrate": {"postgres"},
         "postgres-exporter": {"postgres"},
