@@ -17,6 +17,7 @@ from common.contracts import (
     JobStatus,
     ListView,
 )
+from common.operations import THROUGHPUT_MINUTES_MAX
 from common.web.query_params import unknown_parameters_error
 
 StatusFilter = Annotated[JobStatus | None, QueryParameter(description="Only jobs in this state.")]
@@ -70,3 +71,12 @@ def refuse_unknown_parameters(
     unknown = sorted(set(request.query_params) - known)
     if unknown:
         raise unknown_parameters_error(unknown)
+
+
+Minutes = Annotated[
+    int,
+    QueryParameter(
+        ge=1, le=THROUGHPUT_MINUTES_MAX, description="How many minutes back (at most a day)."
+    ),
+]
+"""`GET /throughput`'s window."""

@@ -11,7 +11,7 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from prometheus_client import CollectorRegistry
 
-from common import contracts
+from common import contracts, operations
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.web.access import caller_of, role_check
 from common.web.app import (
@@ -29,6 +29,7 @@ from services.producer.admission import Admission, payload_checks
 from services.producer.client import QueueServiceClient
 from services.producer.limits import STORE_NAME, TenantWindow, create_store, request_rate_limit
 from services.producer.metrics import ProducerMetrics
+from services.producer.operations import OPERATOR_ROUTES
 from services.producer.routes import (
     JobController,
     Producer,
@@ -101,6 +102,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
             set_limits,
             set_weights,
             redrive,
+            *OPERATOR_ROUTES,
             ready,
             live,
             metrics_route(registry),
@@ -120,4 +122,5 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         debug=False,
     )
     refine_struct_schemas(app, contracts)
+    refine_struct_schemas(app, operations)
     return app

@@ -1541,6 +1541,16 @@ class JobRepository:
         )
         return row
 
+    async def fetch(self, statement: str, *args: Any) -> list[asyncpg.Record]:
+        """Run one statement of another module of the queue service (`activity`, `bulk`) in
+        its own transaction, with this repository's pool, deadlines and error translation;
+        all its rows."""
+        return await self._fetch(statement, *args)
+
+    async def execute(self, statement: str, *args: Any) -> None:
+        """Like `fetch`, for a statement whose rows nobody reads."""
+        await self._on_connection(lambda conn: conn.execute(statement, *args))
+
     async def _on_connection(self, statement: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """`statement(conn)` (one statement) on a pooled connection; when the driver refused to
         start it on a connection stuck in an earlier operation (`_never_sent`), once more on

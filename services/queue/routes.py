@@ -68,6 +68,7 @@ from common.web.list_params import (
 )
 from common.web.queue_params import Actor, QueueAction, QueuePath, actor_of, check_queue_path
 from services.queue.depth import DepthCache
+from services.queue.operator import Operator
 from services.queue.repository import Claimed
 from services.queue.service import QueueService
 
@@ -478,11 +479,17 @@ async def set_weights(
 
 @get("/queues", tags=["queues"], summary="Queue depth", responses=problems())
 async def queues(
-    service: NamedDependency[QueueService], depth_cache: NamedDependency[DepthCache]
+    service: NamedDependency[QueueService],
+    depth_cache: NamedDependency[DepthCache],
+    operator: NamedDependency[Operator],
+    tenant: TenantScope = None,
 ) -> QueuesResponse:
     """Per-queue counts (from the Redis cache when fresh, else PostgreSQL), with `source` and
     `refreshedAt` saying which and when, and whether each queue is paused (since when, and
-    its last change)."""
+    its last change). With a `tenant`: that tenant's jobs only, counted in PostgreSQL, and
+    only the queues it has live or dead-lettered jobs in."""
+    if tenant is not None:
+        return await operator.tenant_depth(tenant)
     return await service.queue_depth(depth_cache)
 
 

@@ -1,0 +1,177 @@
+"""The operator views' API on a real stack (producer → queue service → PostgreSQL): tenant-scoped
+queue counts, bulk changes with their counts first, delete, purge with its confirmation,
+workers, schedules and per-minute counts, and who may do what."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from infra.stack import LocalStack
+from tests.e2e.conftest import E2E_SETTINGS, wait_for_status
+
+ADMIN = "admin-acme-0123456789abcdef"
+GLOBAL = "admin-all-0123456789abcdef"
+SUBMIT = "submit-acme-0123456789abcdef"
+OTHER = "admin-umbrella-0123456789abcdef"
+KEYS = f"admin:acme:{ADMIN},admin:*:{GLOBAL},submit:acme:{SUBMIT},admin:umbrella:{OTHER}"
+SCHEDULES = '[{"name":"hourly-ping","cron":"0 * * * *","taskType":"noop","queue":"timers"}]'
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module")
+async def ops(
+    database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[LocalStack]:
+    """A stack with keys of two tenants, a global admin and a submit key; activity flushed
+    every 200 ms so the views fill quickly."""
+    stack = LocalStack(
+        database_url,
+        redis_url,
+        tmp_path_factory.mktemp("ops"),
+        environment={
+            **E2E_SETTINGS,
+            "JOBQ_API_KEYS": KEYS,
+            "QUEUE_ACTIVITY_INTERVAL": "200ms",
+            "QUEUE_SCHEDULES": SCHEDULES,
+            "WORKER_CONCURRENCY": "7",
+        },
+    )
+    await stack.start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+async def submit(client: httpx.AsyncClient, queue: str, n: int, key: str = ADMIN) -> list[str]:
+    jobs = [{"taskType": "noop", "queue": queue, "payload": {"i": i}} for i in range(n)]
+    ids: list[str] = []
+    for start in range(0, n, 500):
+        batch = {"jobs": jobs[start : start + 500]}
+        reply = await client.post("/jobs/batch", json=batch, headers=auth(key))
+        assert reply.status_code == 200, reply.text
+        ids += [r["jobId"] for r in reply.json()["results"]]
+    return ids
+
+
+async def until(check: Any, within: float = 30) -> Any:
+    """Poll the coroutine function `check` until it returns something truthy."""
+    deadline = time.monotonic() + within
+    while True:
+        found = await check()
+        if found:
+            return found
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.1)
+
+
+async def test_queue_counts_are_the_callers_tenants(ops: LocalStack) -> None:
+    queue = f"idle-{uuid.uuid4().hex[:8]}"  # no worker serves it
+    async with httpx.AsyncClient(base_url=ops.producer) as client:
+        await submit(client, queue, 3)
+        await submit(client, queue, 2, OTHER)
+        mine = (await client.get("/queues", headers=auth(SUBMIT))).json()["queues"]
+        assert [(q["queue"], q["pending"]) for q in mine if q["queue"] == queue] == [(queue, 3)]
+        theirs = (await client.get("/queues", headers=auth(OTHER))).json()["queues"]
+        assert [q["pending"] for q in theirs if q["queue"] == queue] == [2]
+
+        async def everyone() -> bool:
+            every = (await client.get("/queues", headers=auth(GLOBAL))).json()["queues"]
+            return [q["pending"] for q in every if q["queue"] == queue] == [5]
+
+        await until(everyone)
+
+
+async def test_bulk_cancel_retry_delete_count_first(ops: LocalStack) -> None:
+    queue = f"idle-{uuid.uuid4().hex[:8]}"
+    async with httpx.AsyncClient(base_url=ops.producer, timeout=60) as client:
+        await submit(client, queue, 1200)  # more than two chunks of 500
+        await submit(client, queue, 5, OTHER)
+        body = {"action": "cancel", "queue": queue, "dryRun": True}
+        dry = (await client.post("/jobs/bulk", json=body, headers=auth(ADMIN))).json()
+        assert dry == {"action": "cancel", "matched": 1200, "changed": 0, "dryRun": True}
+        body["dryRun"] = False
+        done = (await client.post("/jobs/bulk", json=body, headers=auth(ADMIN))).json()
+        assert (done["matched"], done["changed"]) == (1200, 1200)
+        # The other tenant's jobs in the same queue were not touched.
+        theirs = (await client.get("/queues", headers=auth(OTHER))).json()["queues"]
+        assert [q["pending"] for q in theirs if q["queue"] == queue] == [5]
+        retry = {"action": "retry", "queue": queue, "status": "CANCELLED", "limit": 10}
+        again = (await client.post("/jobs/bulk", json=retry, headers=auth(ADMIN))).json()
+        assert (again["matched"], again["changed"]) == (10, 10)
+        delete = {"action": "delete", "queue": queue}
+        gone = (await client.post("/jobs/bulk", json=delete, headers=auth(ADMIN))).json()
+        assert gone["changed"] == 1190
+        left = (await client.get("/queues", headers=auth(ADMIN))).json()["queues"]
+        assert [q["pending"] for q in left if q["queue"] == queue] == [10]
+        # A status the action never applies to is refused, naming the field.
+        bad = {"action": "retry", "status": "PENDING"}
+        refused = await client.post("/jobs/bulk", json=bad, headers=auth(ADMIN))
+        assert refused.status_code == 422
+        assert refused.json()["errors"][0]["pointer"] == "/status"
+        # A submit key reads but never acts.
+        forbidden = await client.post("/jobs/bulk", json=delete, headers=auth(SUBMIT))
+        assert forbidden.status_code == 403
+
+
+async def test_delete_a_finished_job_only(ops: LocalStack) -> None:
+    queue = f"idle-{uuid.uuid4().hex[:8]}"
+    async with httpx.AsyncClient(base_url=ops.producer) as client:
+        [job] = await submit(client, queue, 1)
+        live = await client.delete(f"/jobs/{job}", headers=auth(ADMIN))
+        assert live.status_code == 409 and "PENDING" in live.json()["detail"]
+        assert (await client.delete(f"/jobs/{job}", headers=auth(OTHER))).status_code == 404
+        await client.post(f"/jobs/{job}/cancel", headers=auth(ADMIN))
+        assert (await client.delete(f"/jobs/{job}", headers=auth(ADMIN))).status_code == 204
+        assert (await client.get(f"/jobs/{job}", headers=auth(ADMIN))).status_code == 404
+
+
+async def test_purge_needs_the_queues_name(ops: LocalStack) -> None:
+    queue = f"idle-{uuid.uuid4().hex[:8]}"
+    async with httpx.AsyncClient(base_url=ops.producer) as client:
+        await submit(client, queue, 4)
+        path = f"/queues/{queue}/pending/purge"
+        wrong = await client.post(path, json={"confirm": "default"}, headers=auth(GLOBAL))
+        assert wrong.status_code == 422 and wrong.json()["errors"][0]["pointer"] == "/confirm"
+        dry = await client.post(path, json={"confirm": queue, "dryRun": True}, headers=auth(GLOBAL))
+        assert dry.json()["matched"] == 4 and dry.json()["deleted"] == 0
+        done = await client.post(path, json={"confirm": queue}, headers=auth(GLOBAL))
+        assert done.json()["deleted"] == 4
+
+
+async def test_workers_schedules_and_throughput(ops: LocalStack) -> None:
+    async with httpx.AsyncClient(base_url=ops.producer) as client:
+        jobs = await submit(client, "default", 20, GLOBAL)
+        for job in jobs:
+            await wait_for_status(client, job, {"COMPLETED"}, headers=auth(GLOBAL))
+
+        async def completed() -> list[Any]:
+            reply = (await client.get("/throughput", headers=auth(GLOBAL))).json()
+            return [p for p in reply["points"] if p["queue"] == "default" and p["completed"] >= 20]
+
+        await until(completed)
+
+        async def seen() -> list[Any]:
+            reply = (await client.get("/workers", headers=auth(GLOBAL))).json()
+            return [w for w in reply["workers"] if w["name"] == "worker1"]
+
+        [worker] = await until(seen)
+        assert worker["queues"] == ["default"] and worker["slotsTotal"] == 7
+        assert worker["claimedLastMinute"] >= 1
+        assert (await client.get("/workers", headers=auth(SUBMIT))).status_code == 403
+        [schedule] = (await client.get("/schedules", headers=auth(GLOBAL))).json()["schedules"]
+        assert schedule["name"] == "hourly-ping" and schedule["cron"] == "0 * * * *"
+        assert schedule["nextFireAt"].endswith(":00:00Z") or "+00:00" in schedule["nextFireAt"]
+        # A tenant sees the counts of the queues it has jobs in only.
+        mine = (await client.get("/throughput", headers=auth(OTHER))).json()["points"]
+        assert all(p["queue"] != "default" for p in mine)
