@@ -5,6 +5,7 @@ workers, schedules and per-minute counts, and who may do what."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -12,8 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 from infra.stack import LocalStack
+from jobq.cli import cli
+from jobq.client import AsyncClient, Client
 from tests.e2e.conftest import E2E_SETTINGS, wait_for_status
 
 ADMIN = "admin-acme-0123456789abcdef"
@@ -175,3 +179,59 @@ async def test_workers_schedules_and_throughput(ops: LocalStack) -> None:
         # A tenant sees the counts of the queues it has jobs in only.
         mine = (await client.get("/throughput", headers=auth(OTHER))).json()["points"]
         assert all(p["queue"] != "default" for p in mine)
+
+
+def jobq(stack: LocalStack, key: str, *args: str, code: int = 0, stdin: str | None = None) -> Any:
+    """Run `jobq --url <producer> --api-key KEY ARGS` in process; assert its exit code."""
+    result = CliRunner().invoke(
+        cli, ["--url", stack.producer, "--api-key", key, *args], input=stdin, env={"COLUMNS": "160"}
+    )
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    return result
+
+
+async def test_command_line_views_and_filters(ops: LocalStack) -> None:
+    queue = f"idle-{uuid.uuid4().hex[:8]}"
+    async with httpx.AsyncClient(base_url=ops.producer) as client:
+        await submit(client, queue, 30)
+    [reply] = [json.loads(jobq(ops, ADMIN, "--json", "queues").stdout)]
+    assert [q["pending"] for q in reply["queues"] if q["queue"] == queue] == [30]
+    assert queue in jobq(ops, ADMIN, "queues").stdout
+    workers = json.loads(jobq(ops, GLOBAL, "--json", "workers").stdout)["workers"]
+    assert "worker1" in [w["name"] for w in workers]
+    assert "worker1" in jobq(ops, GLOBAL, "workers").stdout
+    assert "hourly-ping" in jobq(ops, GLOBAL, "schedules").stdout
+    # A tenant's admin sees its queues counted now; a global admin sees the workers too.
+    assert queue in jobq(ops, ADMIN, "top", "--frames", "2", "--interval", "0.2").stdout
+    assert "worker1" in jobq(ops, GLOBAL, "top", "--frames", "1").stdout
+    # By filter: a dry run counts, the confirmation states the count, `no` changes nothing.
+    dry = jobq(ops, ADMIN, "cancel", "--filter", f"queue={queue}", "--dry-run").stdout
+    assert "would cancel 30 jobs" in dry
+    refused = jobq(ops, ADMIN, "cancel", "--filter", f"queue={queue}", code=2, stdin="n\n")
+    assert "cancel 30 jobs?" in refused.output
+    done = jobq(ops, ADMIN, "--json", "cancel", "--filter", f"queue={queue}", "--limit", "20",
+                "--yes")  # fmt: skip
+    assert json.loads(done.stdout)["changed"] == 20
+    again = jobq(ops, ADMIN, "retry", "--filter", f"queue={queue}", "--filter",
+                 "status=cancelled", stdin="y\n")  # fmt: skip
+    assert "retry: 20 of 20 jobs" in again.stdout
+    # Bad input is a usage error with a message, never a traceback.
+    bad = jobq(ops, ADMIN, "retry", "--filter", "colour=red", code=2)
+    assert "use status=STATUS" in bad.output
+    assert "not both" in jobq(ops, ADMIN, "retry", str(uuid.uuid4()), "--filter", "queue=a",
+                              code=2).output  # fmt: skip
+    assert "at least one --filter" in jobq(ops, ADMIN, "cancel", code=2).output
+
+
+async def test_async_client_operator_methods(ops: LocalStack) -> None:
+    queue = f"idle-{uuid.uuid4().hex[:8]}"
+    async with AsyncClient(ops.producer, api_key=ADMIN) as client:
+        created = await client.submit("noop", {}, queue=queue)
+        await client.cancel(created.job_id)
+        counted = await client.bulk("delete", queue=queue, dry_run=True)
+        assert (counted.matched, counted.changed) == (1, 0)
+        await client.delete(created.job_id)
+        assert all(q.queue != queue for q in (await client.queues()).queues)
+    with Client(ops.producer, api_key=GLOBAL) as sync:
+        assert sync.purge(queue, confirm=queue, dry_run=True).matched == 0
+        assert sync.throughput(5).minutes == 5
