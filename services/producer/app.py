@@ -27,6 +27,8 @@ from common.web.http_metrics import HttpMetrics
 from common.web.pools import PoolMetrics
 from services.producer.admission import Admission, payload_checks
 from services.producer.client import QueueServiceClient
+from services.producer.console import console_router, template_config
+from services.producer.console.sessions import Sessions
 from services.producer.limits import STORE_NAME, TenantWindow, create_store, request_rate_limit
 from services.producer.metrics import ProducerMetrics
 from services.producer.operations import OPERATOR_ROUTES
@@ -75,6 +77,9 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         ) as http:
             client = QueueServiceClient(http, settings.producer_forward_timeout)
             app.state.queue = client
+            app.state.console_sessions = Sessions(
+                store, keys, max(int(settings.console_session_ttl), 1)
+            )
             try:
                 yield
             finally:
@@ -103,6 +108,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
             set_weights,
             redrive,
             *OPERATOR_ROUTES,
+            console_router(),
             ready,
             live,
             metrics_route(registry),
@@ -113,6 +119,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         before_request=request_checks(role_check(keys)),
         middleware=middleware,
         stores={STORE_NAME: store},
+        template_config=template_config(),
         openapi_config=openapi_config(
             "jobq producer",
             "An API key of JOBQ_API_KEYS (role:tenant:key); not needed when none is configured.",
