@@ -9,10 +9,11 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 from litestar import Request, get
 from litestar.response import Redirect, Template
 
-from common.contracts import LIST_LIMIT_MAX, NAME_PATTERN, JobStatus, ListedJob
+from common.contracts import LIST_LIMIT_MAX, NAME_PATTERN, JobStatus, ListedJob, QueueDepth
 from common.errors import Forbidden, InvalidInput
 from services.producer.client import QueueServiceClient
 from services.producer.console import render
@@ -80,7 +81,20 @@ async def _overview_context(
     else:
         points = (await queue.throughput(60, names)).points if names else []
     now = datetime.now(UTC)
-    return {"depth": depth, "charts": render.charts(points, now), "tenant": tenant, "now": now}
+    charts = render.charts(points, now)
+    # A queue that drained in the last hour keeps its row (zero counts) beside its chart.
+    idle = [
+        QueueDepth(
+            queue=name, pending=0, scheduled=0, processing=0, dead_letter=0,
+            oldest_pending_age_seconds=0.0, source=depth.source, refreshed_at=depth.refreshed_at,
+        )
+        for name in sorted(set(charts) - set(names))
+    ]  # fmt: skip
+    if idle:
+        depth = msgspec.structs.replace(
+            depth, queues=sorted([*depth.queues, *idle], key=lambda q: q.queue)
+        )
+    return {"depth": depth, "charts": charts, "tenant": tenant, "now": now}
 
 
 @get("/", name="console-overview")
