@@ -49,9 +49,7 @@ def _found() -> Path | None:
 
 def _apt(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    return subprocess.run(
-        ["apt-get", *args], capture_output=True, text=True, check=False, env=env
-    )
+    return subprocess.run(["apt-get", *args], capture_output=True, text=True, check=False, env=env)
 
 
 def ensure_browser() -> Path:

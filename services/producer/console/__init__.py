@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from litestar import Request, Response, Router
-from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.datastructures import ResponseHeader
 from litestar.di import Provide
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Redirect, Template
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig

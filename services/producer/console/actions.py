@@ -10,6 +10,8 @@ from typing import Any
 import msgspec
 from litestar import Request, post
 from litestar.datastructures import FormMultiDict
+from litestar.di import NamedDependency
+from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
 from common.contracts import JobStatus, RedriveRequest
@@ -50,7 +52,9 @@ def _name(form: FormMultiDict, field: str) -> str | None:
 
 
 @post("/login", name="console-sign-in", opt={"public": True})
-async def sign_in(request: Request[Any, Any, Any], sessions: Sessions) -> Redirect | Template:
+async def sign_in(
+    request: Request[Any, Any, Any], sessions: NamedDependency[Sessions]
+) -> Redirect | Template:
     """Exchange the form's API key for a session; the key is not kept."""
     form = await _form(request)
     check_login_token(request, form.get("login_token"))
@@ -72,7 +76,9 @@ async def sign_in(request: Request[Any, Any, Any], sessions: Sessions) -> Redire
 
 @post("/logout", name="console-sign-out")
 async def sign_out(
-    request: Request[Any, Any, Any], session: Session, sessions: Sessions
+    request: Request[Any, Any, Any],
+    session: NamedDependency[Session],
+    sessions: NamedDependency[Sessions],
 ) -> Redirect:
     """End the session, here and in the browser."""
     check_csrf(session, (await _form(request)).get("csrf"))
@@ -83,10 +89,10 @@ async def sign_out(
 @post("/jobs/{job_id:uuid}/{action:str}", name="console-job-action")
 async def job_action(
     request: Request[Any, Any, Any],
-    session: Session,
-    queue: QueueServiceClient,
-    job_id: uuid.UUID,
-    action: str,
+    session: NamedDependency[Session],
+    queue: NamedDependency[QueueServiceClient],
+    job_id: FromPath[uuid.UUID],
+    action: FromPath[str],
 ) -> Redirect:
     """Retry, cancel or delete one job, then show it (or the jobs after a delete)."""
     _acting(session, await _form(request))
@@ -102,7 +108,9 @@ async def job_action(
 
 @post("/jobs/bulk", name="console-bulk")
 async def bulk(
-    request: Request[Any, Any, Any], session: Session, queue: QueueServiceClient
+    request: Request[Any, Any, Any],
+    session: NamedDependency[Session],
+    queue: NamedDependency[QueueServiceClient],
 ) -> Template:
     """The selected jobs (`ids`) or all matching the filter (`all=1`): the first post counts
     them and asks to confirm that number; the confirmed post (`confirmed=1`) changes them."""
@@ -148,7 +156,9 @@ async def bulk(
 
 @post("/dead-letters/redrive", name="console-redrive")
 async def redrive(
-    request: Request[Any, Any, Any], session: Session, queue: QueueServiceClient
+    request: Request[Any, Any, Any],
+    session: NamedDependency[Session],
+    queue: NamedDependency[QueueServiceClient],
 ) -> Template:
     """Redrive a queue's (and task type's) dead letters: a dry-run count to confirm first,
     then the number moved."""

@@ -11,6 +11,8 @@ from typing import Any
 
 import msgspec
 from litestar import Request, get
+from litestar.di import NamedDependency
+from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
 from common.contracts import LIST_LIMIT_MAX, NAME_PATTERN, JobStatus, ListedJob, QueueDepth
@@ -99,7 +101,9 @@ async def _overview_context(
 
 @get("/", name="console-overview")
 async def overview(
-    session: Session, queue: QueueServiceClient, tenant: str | None = None
+    session: NamedDependency[Session],
+    queue: NamedDependency[QueueServiceClient],
+    tenant: FromQuery[str | None] = None,
 ) -> Template:
     """Per-queue counts and the last hour's completions and failures per minute."""
     context = await _overview_context(queue, session, name_or_none(tenant, "tenant", True))
@@ -108,7 +112,9 @@ async def overview(
 
 @get("/fragments/queues", name="console-queues-fragment")
 async def queues_fragment(
-    session: Session, queue: QueueServiceClient, tenant: str | None = None
+    session: NamedDependency[Session],
+    queue: NamedDependency[QueueServiceClient],
+    tenant: FromQuery[str | None] = None,
 ) -> Template:
     """The overview's table alone, which htmx swaps in every 2 s."""
     context = await _overview_context(queue, session, name_or_none(tenant, "tenant", True))
@@ -118,10 +124,10 @@ async def queues_fragment(
 @get("/jobs", name="console-jobs")
 async def jobs(
     request: Request[Any, Any, Any],
-    session: Session,
-    queue: QueueServiceClient,
-    cursor: uuid.UUID | None = None,
-    job: str | None = None,
+    session: NamedDependency[Session],
+    queue: NamedDependency[QueueServiceClient],
+    cursor: FromQuery[uuid.UUID | None] = None,
+    job: FromQuery[str | None] = None,
 ) -> Template | Redirect:
     """Jobs newest first, filtered by the query string (`status`, `queue`, `task_type`,
     `tenant`), 50 a page (keyset: `cursor`); `job` (an id) opens that job's page."""
@@ -162,7 +168,10 @@ async def jobs(
 
 @get("/jobs/{job_id:uuid}", name="console-job")
 async def job_page(
-    session: Session, queue: QueueServiceClient, job_id: uuid.UUID, all: bool = False
+    session: NamedDependency[Session],
+    queue: NamedDependency[QueueServiceClient],
+    job_id: FromPath[uuid.UUID],
+    all: FromQuery[bool] = False,
 ) -> Template:
     """One job: fields, payload and result as JSON (cut at 64 KiB unless `all`), the errors
     timeline, its lease, and its actions."""
@@ -181,7 +190,9 @@ async def job_page(
 
 @get("/dead-letters", name="console-dead-letters")
 async def dead_letters(
-    request: Request[Any, Any, Any], session: Session, queue: QueueServiceClient
+    request: Request[Any, Any, Any],
+    session: NamedDependency[Session],
+    queue: NamedDependency[QueueServiceClient],
 ) -> Template:
     """Dead letters (of `queue`, `tenant` from the query string) grouped by queue and task
     type, then by normalised last error (the newest 5,000), each group with a redrive after
@@ -213,7 +224,9 @@ async def dead_letters(
 
 
 @get("/workers", name="console-workers")
-async def workers(session: Session, queue: QueueServiceClient) -> Template:
+async def workers(
+    session: NamedDependency[Session], queue: NamedDependency[QueueServiceClient]
+) -> Template:
     """Every live worker (admins)."""
     _admin(session)
     reply = await queue.workers()
@@ -221,7 +234,9 @@ async def workers(session: Session, queue: QueueServiceClient) -> Template:
 
 
 @get("/schedules", name="console-schedules")
-async def schedules(session: Session, queue: QueueServiceClient) -> Template:
+async def schedules(
+    session: NamedDependency[Session], queue: NamedDependency[QueueServiceClient]
+) -> Template:
     """Every recurring schedule (admins)."""
     _admin(session)
     return page("schedules.html", session, schedules=(await queue.schedules()).schedules)

@@ -28,13 +28,14 @@ _VARIABLE = re.compile(
     r"|\d+(?:\.\d+)?",  # numbers
     re.IGNORECASE,
 )
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 def normalised(error: str | None) -> str:
     """`error` with ids, numbers and quoted values replaced, cut at 200 characters."""
     if not error:
         return "(no error recorded)"
-    shape = _VARIABLE.sub(lambda m: "<id>" if not m.group().isdigit() else "<n>", error)
+    shape = _VARIABLE.sub(lambda m: "<n>" if _NUMBER.fullmatch(m.group()) else "<id>", error)
     return " ".join(shape.split())[:200]
 
 
