@@ -596,34 +596,32 @@ def _ids_or_filter(
     )
 
 
-@cli.command()
-@click.argument("job_ids", nargs=-1)
-@_by_filter
-def retry(
-    job_ids: tuple[str, ...],
-    filters: tuple[str, ...],
-    limit: int | None,
-    dry_run: bool,
-    yes: bool,
-) -> None:
-    """Run dead-lettered or cancelled jobs again: by id, or every job matching --filter
-    after confirming their count (an admin key)."""
-    _ids_or_filter("retry", job_ids, filters, limit, dry_run, yes)
+def _ids_or_filter_command(action: str, help_text: str) -> None:
+    """Register `jobq ACTION [ID…] [--filter …]` (retry or cancel)."""
+
+    @cli.command(name=action, help=help_text)
+    @click.argument("job_ids", nargs=-1)
+    @_by_filter
+    def command(
+        job_ids: tuple[str, ...],
+        filters: tuple[str, ...],
+        limit: int | None,
+        dry_run: bool,
+        yes: bool,
+    ) -> None:
+        _ids_or_filter(action, job_ids, filters, limit, dry_run, yes)
 
 
-@cli.command()
-@click.argument("job_ids", nargs=-1)
-@_by_filter
-def cancel(
-    job_ids: tuple[str, ...],
-    filters: tuple[str, ...],
-    limit: int | None,
-    dry_run: bool,
-    yes: bool,
-) -> None:
-    """Cancel jobs (a running one is stopped by its worker): by id, or every job matching
-    --filter after confirming their count (an admin key)."""
-    _ids_or_filter("cancel", job_ids, filters, limit, dry_run, yes)
+_ids_or_filter_command(
+    "retry",
+    "Run dead-lettered or cancelled jobs again: by id, or every job matching --filter after "
+    "confirming their count (an admin key).",
+)
+_ids_or_filter_command(
+    "cancel",
+    "Cancel jobs (a running one is stopped by its worker): by id, or every job matching "
+    "--filter after confirming their count (an admin key).",
+)
 
 
 @cli.command()

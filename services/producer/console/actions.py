@@ -51,6 +51,15 @@ def _name(form: FormMultiDict, field: str) -> str | None:
     return name_or_none(form.get(field), field, star=field == "tenant")
 
 
+def _confirm(
+    session: Session, action: str, count: int, target: str, form: FormMultiDict
+) -> Template:
+    """The page that states the dry-run `count` and posts `form` again, confirmed, to
+    `target`."""
+    hidden = [(k, v) for k, v in form.multi_items() if k not in ("csrf", "confirmed")]
+    return page("confirm.html", session, action=action, count=count, target=target, hidden=hidden)
+
+
 @post("/login", name="console-sign-in", opt={"public": True})
 async def sign_in(
     request: Request[Any, Any, Any], sessions: NamedDependency[Sessions]
@@ -142,14 +151,7 @@ async def bulk(
     if form.get("confirmed") != "1":
         dry = msgspec.structs.replace(request_body, dry_run=True)
         counted = await queue.bulk(dry, scope)
-        return page(
-            "confirm.html",
-            session,
-            action=action,
-            count=counted.matched,
-            target="/console/jobs/bulk",
-            hidden=[(k, v) for k, v in form.multi_items() if k not in ("csrf", "confirmed")],
-        )
+        return _confirm(session, str(action), counted.matched, "/console/jobs/bulk", form)
     done = await queue.bulk(request_body, scope)
     return page("done.html", session, action=action, reply=done)
 
@@ -175,13 +177,6 @@ async def redrive(
             dry_run=True,
         )
         counted = await queue.bulk(dry, scope)
-        return page(
-            "confirm.html",
-            session,
-            action="redrive",
-            count=counted.matched,
-            target="/console/dead-letters/redrive",
-            hidden=[(k, v) for k, v in form.multi_items() if k not in ("csrf", "confirmed")],
-        )
+        return _confirm(session, "redrive", counted.matched, "/console/dead-letters/redrive", form)
     moved = await queue.redrive(RedriveRequest(queue=queue_name, task_type=task_type), scope)
     return page("done.html", session, action="redrive", moved=moved.moved)
