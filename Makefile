@@ -157,6 +157,10 @@ bench: install ## Whole benchmark suite with peers (~15 min): JSON+PNG in benchm
 bench-quick: install ## Benchmark suite at smoke-test size (no peers, one round; what CI runs), not committed
 	$(BIN)/python -m benchmark --preset quick
 
+.PHONY: bench-console
+bench-console: install ## The console's overview (100 queues) and jobs page (100 rows) with 1,000,000 finished jobs: p50/p95 JSON in benchmark/results
+	$(BIN)/python -m benchmark.console
+
 BEFORE ?=
 COMPARE_ARGS ?=
 .PHONY: bench-compare

@@ -239,7 +239,7 @@ async def test_bulk_cancel_all_matching_scheduled_jobs(stack: LocalStack, browse
     )
     page = await signed_in(browser, stack)
     await page.goto(f"/console/jobs?status=SCHEDULED&queue={later}")
-    await expect(page.locator("#jobs tbody tr")).to_have_count(50)  # one page of 50
+    await expect(page.locator("#jobs tbody tr")).to_have_count(100)  # one page of 100
     await expect(page.get_by_role("link", name="Older jobs →")).to_be_visible()
     await screenshot(page, "jobs")
     await page.get_by_label("Cancel", exact=True).check()

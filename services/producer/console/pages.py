@@ -21,7 +21,7 @@ from services.producer.client import QueueServiceClient
 from services.producer.console import render
 from services.producer.console.sessions import Session, login_cookie
 
-PAGE_SIZE = 50
+PAGE_SIZE = 100
 DEAD_LETTERS_READ = 5_000
 """Dead letters the grouping reads at most (the newest), ten pages of 500."""
 
@@ -130,7 +130,7 @@ async def jobs(
     job: FromQuery[str | None] = None,
 ) -> Template | Redirect:
     """Jobs newest first, filtered by the query string (`status`, `queue`, `task_type`,
-    `tenant`), 50 a page (keyset: `cursor`); `job` (an id) opens that job's page."""
+    `tenant`), 100 a page (keyset: `cursor`); `job` (an id) opens that job's page."""
     if job:
         try:
             return Redirect(f"/console/jobs/{uuid.UUID(job.strip())}", status_code=303)
