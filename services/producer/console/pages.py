@@ -61,7 +61,7 @@ def scope_of(session: Session, tenant: str | None) -> str | None:
     tenant filter chosen (None: every tenant). Another tenant's filter is refused."""
     own = session.caller.scope
     if own is None:
-        return tenant or None
+        return None if tenant in (None, "", "*") else tenant
     if tenant not in (None, own):
         raise Forbidden("a tenant's key sees its own tenant only")
     return own
