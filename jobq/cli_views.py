@@ -161,6 +161,13 @@ def top(interval: float, frames: int | None) -> None:
                 settings.emit({"queues": client.queues(), "workers": _workers_or_none(client)})
                 time.sleep(interval if frames and frames > 1 else 0)
             return
+        if not settings.out.is_terminal:
+            # Piped or captured: one frame after another, as a log of the drain.
+            for shown in range(frames or 2**31):
+                if shown:
+                    time.sleep(interval)
+                settings.out.print(_frame(client, admin))
+            return
         shown = 0
         with (
             _keys() as interactive,
