@@ -139,6 +139,12 @@ async def test_counts_fall_live_as_jobs_complete_and_a_worker_comes_and_goes(
     await expect(page.locator("svg.chart polyline.completed").first).to_be_attached()
     await screenshot(page, "overview")
     await page.get_by_role("link", name="Workers").click()
+
+    async def listed() -> bool:
+        await page.goto("/console/workers")
+        return await page.locator('tr[data-worker="worker1"]').count() == 1
+
+    await until(listed)
     await expect(page.locator('tr[data-worker="worker1"]')).to_contain_text("/ 4")
     await screenshot(page, "workers")
     await page.get_by_role("link", name="Schedules").click()

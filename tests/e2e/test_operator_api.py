@@ -197,8 +197,12 @@ async def test_command_line_views_and_filters(ops: LocalStack) -> None:
     [reply] = [json.loads(jobq(ops, ADMIN, "--json", "queues").stdout)]
     assert [q["pending"] for q in reply["queues"] if q["queue"] == queue] == [30]
     assert queue in jobq(ops, ADMIN, "queues").stdout
-    workers = json.loads(jobq(ops, GLOBAL, "--json", "workers").stdout)["workers"]
-    assert "worker1" in [w["name"] for w in workers]
+
+    async def listed() -> bool:
+        workers = json.loads(jobq(ops, GLOBAL, "--json", "workers").stdout)["workers"]
+        return "worker1" in [w["name"] for w in workers]
+
+    await until(listed)  # seen from its first claim on (a long poll of up to 2 s)
     assert "worker1" in jobq(ops, GLOBAL, "workers").stdout
     assert "hourly-ping" in jobq(ops, GLOBAL, "schedules").stdout
     # A tenant's admin sees its queues counted now; a global admin sees the workers too.
