@@ -46,8 +46,8 @@ INSERT INTO job (id, tenant, queue, task_type, payload, status, attempts, max_at
                  visible_at, claimed_at, ready_at, request_hash, result, created_at,
                  updated_at, finished_at, last_error)
 SELECT gen_random_uuid(), CASE WHEN g % 10 = 0 THEN 'acme' ELSE 'default' END,
-       'q-' || (g % $2), 'noop', '{"n": 1}', $3, 1, 1, t, t, t, $4, '{}', t, t, t,
-       CASE WHEN $3 = 'DEAD_LETTER' THEN 'timeout after ' || g || ' ms' END
+       'q-' || (g % $2), 'noop', '{"n": 1}', $3::text, 1, 1, t, t, t, $4, '{}', t, t, t,
+       CASE WHEN $3::text = 'DEAD_LETTER' THEN 'timeout after ' || g || ' ms' END
 FROM (SELECT g, now() - interval '1 day' + g * interval '10 ms' AS t
       FROM generate_series(1, $1) AS g) AS times
 """
@@ -98,8 +98,9 @@ async def _time(client: httpx.AsyncClient, path: str, requests: int) -> dict[str
 async def run(completed: int, queues: int, requests: int) -> dict[str, Any]:
     """Fill a fresh database, start the queue service and producer, time every case."""
     base = ensure_postgres()
-    await database.make_template(base)
-    url = await database.fresh_database(base, "jobq_bench_console")
+    # Its own migrated database, not a copy of the suite's template (which a concurrent run
+    # of the suite may be using).
+    url = await database.migrated_database(base, "jobq_bench_console")
     await _fill(url, completed, queues)
     logs = Path(tempfile.mkdtemp(prefix="jobq-bench-console-"))
     stack = LocalStack(
