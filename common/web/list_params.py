@@ -10,6 +10,7 @@ from litestar import Request
 from litestar.params import QueryParameter
 
 from common.contracts import (
+    IDEMPOTENCY_KEY_MAX_BYTES,
     LIST_LIMIT_DEFAULT,
     LIST_LIMIT_MAX,
     LIST_PAGE_MAX_BYTES,
@@ -27,6 +28,16 @@ QueueFilter = Annotated[
 TaskTypeFilter = Annotated[
     str | None,
     QueryParameter(name="taskType", pattern=NAME_PATTERN, description="Only this task type."),
+]
+KeyFilter = Annotated[
+    str | None,
+    QueryParameter(
+        name="idempotencyKey",
+        min_length=1,
+        max_length=IDEMPOTENCY_KEY_MAX_BYTES,
+        pattern=r"^[\x20-\x7e]+(?!\n)$",
+        description="Only the job submitted with this idempotency key (one per tenant).",
+    ),
 ]
 Cursor = Annotated[
     uuid.UUID | None,
@@ -60,7 +71,9 @@ TenantScope = Annotated[
 """The queue service's tenant scope (docs/architecture.md#tenants), on every route that reads
 or changes jobs by id or filter."""
 
-LIST_PARAMETERS = frozenset({"status", "queue", "taskType", "cursor", "limit", "view", "tenant"})
+LIST_PARAMETERS = frozenset(
+    {"status", "queue", "taskType", "idempotencyKey", "cursor", "limit", "view", "tenant"}
+)
 
 
 def refuse_unknown_parameters(

@@ -1839,11 +1839,13 @@ class JobRepository:
         tenant: str | None = None,
         full: bool = False,
         max_bytes: int,
+        idempotency_key: str | None = None,
     ) -> tuple[list[ListedJob], bool]:
         """Jobs matching the filters with id < `before` (keyset), newest first, at most `limit`
         and at most `max_bytes` of JSON (at least one job); with a `tenant`, that tenant's
-        only; with `full`, with their payload, errors and result. Returns them and whether
-        the byte bound left out jobs within `limit`.
+        only; with `full`, with their payload, errors and result; with an `idempotency_key`,
+        the job submitted with it (found by the per-tenant unique index when a `tenant` is
+        given). Returns them and whether the byte bound left out jobs within `limit`.
 
         Only the given filters enter the statement, so each combination gets its own plan
         (ix_job_status_id, ix_job_queue_id, ix_job_tenant_id or the primary key, walked
@@ -1857,6 +1859,7 @@ class JobRepository:
             ("status", status),
             ("queue", queue),
             ("task_type", task_type),
+            ("idempotency_key", idempotency_key),
             ("id <", before),
         )
         for column, value in filters:

@@ -58,6 +58,7 @@ from common.web.bodies import ReportJSON, StrictJSON, SubmitJSON
 from common.web.http import DEADLINE_HEADER, parse_deadline
 from common.web.list_params import (
     Cursor,
+    KeyFilter,
     Limit,
     QueueFilter,
     StatusFilter,
@@ -204,6 +205,7 @@ class JobController(Controller):
         status: StatusFilter = None,
         queue: QueueFilter = None,
         task_type: TaskTypeFilter = None,
+        idempotency_key: KeyFilter = None,
         cursor: Cursor = None,
         limit: Limit = LIST_LIMIT_DEFAULT,
         view: View = "summary",
@@ -217,6 +219,7 @@ class JobController(Controller):
             status=status,
             queue=queue,
             task_type=task_type,
+            idempotency_key=idempotency_key,
             cursor=cursor,
             limit=limit,
             tenant=tenant,

@@ -325,6 +325,7 @@ class QueueService:
         limit: int,
         tenant: str | None = None,
         view: ListView = "summary",
+        idempotency_key: str | None = None,
     ) -> JobList:
         """One page of jobs, newest first, in the `view` asked for; `cursor` is the previous
         page's `next_cursor`; with a `tenant`, that tenant's jobs only. The page holds at most
@@ -334,6 +335,7 @@ class QueueService:
             status=status,
             queue=queue,
             task_type=task_type,
+            idempotency_key=idempotency_key,
             before=cursor,
             limit=limit,
             tenant=tenant,

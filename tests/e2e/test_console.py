@@ -292,11 +292,22 @@ async def test_a_submit_key_reads_and_cannot_act(stack: LocalStack, browser: Bro
     async with httpx.AsyncClient(base_url=stack.producer) as client:
         reply = await client.post(
             "/jobs",
-            json={"taskType": "noop", "queue": "acme-only", "payload": {}},
+            json={
+                "taskType": "noop",
+                "queue": "acme-only",
+                "payload": {},
+                "idempotencyKey": "acme-order-7",
+            },
             headers=auth(SUBMIT),
         )
         job = reply.json()["jobId"]
     page = await signed_in(browser, stack, key=SUBMIT)
+    await page.goto("/console/jobs")
+    await page.get_by_label("Idempotency key").fill("acme-order-7")
+    await page.get_by_role("button", name="Find").click()
+    await expect(page.locator("#jobs tbody tr")).to_have_count(1)
+    await expect(page.locator("#jobs tbody")).to_contain_text(job)
+    await page.goto("/console/")
     await expect(page.locator('tr[data-queue="acme-only"]')).to_be_visible()
     await page.goto(f"/console/jobs/{job}")
     await expect(page.locator("#job-status")).to_be_visible()

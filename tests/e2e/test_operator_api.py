@@ -128,6 +128,20 @@ async def test_bulk_cancel_retry_delete_count_first(ops: LocalStack) -> None:
         assert forbidden.status_code == 403
 
 
+async def test_look_up_a_job_by_its_idempotency_key(ops: LocalStack) -> None:
+    key = f"order-{uuid.uuid4()}"
+    async with httpx.AsyncClient(base_url=ops.producer) as client:
+        body = {"taskType": "noop", "queue": "idle-keys", "payload": {}, "idempotencyKey": key}
+        job = (await client.post("/jobs", json=body, headers=auth(ADMIN))).json()["jobId"]
+        found = await client.get("/jobs", params={"idempotencyKey": key}, headers=auth(ADMIN))
+        assert [j["id"] for j in found.json()["items"]] == [job]
+        # Keys are per tenant: another tenant's admin finds nothing under it.
+        other = await client.get("/jobs", params={"idempotencyKey": key}, headers=auth(OTHER))
+        assert other.json()["items"] == []
+        page = await client.get("/jobs", params={"idempotencyKey": ""}, headers=auth(ADMIN))
+        assert page.status_code == 422
+
+
 async def test_delete_a_finished_job_only(ops: LocalStack) -> None:
     queue = f"idle-{uuid.uuid4().hex[:8]}"
     async with httpx.AsyncClient(base_url=ops.producer) as client:

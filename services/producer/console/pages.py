@@ -26,6 +26,7 @@ DEAD_LETTERS_READ = 5_000
 """Dead letters the grouping reads at most (the newest), ten pages of 500."""
 
 _NAME = re.compile(NAME_PATTERN)
+_KEY = re.compile(r"[\x20-\x7e]{1,255}")
 
 
 def name_or_none(value: str | None, field: str, star: bool = False) -> str | None:
@@ -130,7 +131,8 @@ async def jobs(
     job: FromQuery[str | None] = None,
 ) -> Template | Redirect:
     """Jobs newest first, filtered by the query string (`status`, `queue`, `task_type`,
-    `tenant`), 100 a page (keyset: `cursor`); `job` (an id) opens that job's page."""
+    `tenant`, `key`: an idempotency key), 100 a page (keyset: `cursor`); `job` (an id)
+    opens that job's page."""
     if job:
         try:
             return Redirect(f"/console/jobs/{uuid.UUID(job.strip())}", status_code=303)
@@ -143,12 +145,19 @@ async def jobs(
     queue_name = name_or_none(query.get("queue"), "queue")
     task_type = name_or_none(query.get("task_type"), "task_type")
     tenant = name_or_none(query.get("tenant"), "tenant", star=True)
+    key = (query.get("key") or "").strip() or None
+    if key is not None and not _KEY.fullmatch(key):
+        raise InvalidInput(
+            "key must be an idempotency key (1-255 printable ASCII characters)",
+            errors=[{"pointer": "query:key", "detail": "not an idempotency key"}],
+        )
     scope = scope_of(session, tenant)
     params: dict[str, str | int] = {"limit": PAGE_SIZE}
     for name, value in (
         ("status", status),
         ("queue", queue_name),
         ("taskType", task_type),
+        ("idempotencyKey", key),
         ("cursor", cursor),
         ("tenant", scope),
     ):
@@ -156,6 +165,7 @@ async def jobs(
             params[name] = str(value)
     listing = await queue.list_jobs(params)
     filters = {"status": status or "", "queue": queue_name or "", "task_type": task_type or ""}
+    filters["key"] = key or ""
     return page(
         "jobs.html",
         session,
