@@ -101,9 +101,11 @@ async def signed_in(
     return page
 
 
-async def screenshot(page: Page, name: str) -> None:
+async def screenshot(page: Page, name: str, full_page: bool = True) -> None:
+    """Save the page as docs/console/NAME.png (the viewport only when not `full_page`: a
+    page of 100 jobs would be a tall, heavy image)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    await page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    await page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=full_page)
 
 
 async def submit(stack: LocalStack, jobs: list[dict[str, Any]]) -> list[str]:
@@ -247,7 +249,7 @@ async def test_bulk_cancel_all_matching_scheduled_jobs(stack: LocalStack, browse
     await page.goto(f"/console/jobs?status=SCHEDULED&queue={later}")
     await expect(page.locator("#jobs tbody tr")).to_have_count(100)  # one page of 100
     await expect(page.get_by_role("link", name="Older jobs →")).to_be_visible()
-    await screenshot(page, "jobs")
+    await screenshot(page, "jobs", full_page=False)
     # Two selected rows first: the confirmation counts the selection.
     boxes = page.locator('#jobs input[name="ids"]')
     await boxes.nth(0).check()
