@@ -4,6 +4,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# The console's browser tests drive Debian's Chromium (make tools); Playwright never downloads one.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # `make k6` settings (see README "Load test with k6").
@@ -107,8 +109,9 @@ infra-check: install tools ## compose schema (offline), hadolint, promtool on th
 		"$$promtool" test rules infra/prometheus/tests/*.yml
 
 .PHONY: tools
-tools: install ## Fetch prometheus, promtool, postgres_exporter (Debian packages) into .jobq/tools if missing; kubectl comes with install
+tools: install ## Fetch prometheus, promtool, postgres_exporter into .jobq/tools; install Debian's chromium (console tests) if missing; kubectl comes with install
 	@$(BIN)/python -m infra.tools >/dev/null
+	@$(BIN)/python -m infra.browser >/dev/null
 
 .PHONY: dashboards
 dashboards: install ## Regenerate infra/grafana/dashboards/*.json from infra/grafana/dashboard.py
@@ -172,6 +175,10 @@ bench-quick: install ## Benchmark suite at smoke-test size (no peers, one round;
 .PHONY: bench-autoscale
 bench-autoscale: install tools ## KEDA scaling simulation (~7 min): bursty trace, scaled vs fixed workers; JSON+PNG in benchmark/results
 	$(BIN)/python -m benchmark.autoscale
+
+.PHONY: bench-console
+bench-console: install ## The console's overview (100 queues) and jobs page (100 rows) with 1,000,000 finished jobs: p50/p95 JSON in benchmark/results
+	$(BIN)/python -m benchmark.console
 
 BEFORE ?=
 COMPARE_ARGS ?=

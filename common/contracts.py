@@ -301,6 +301,8 @@ class ClaimRequest(_Wire):
     acks: Annotated[list[AckEntry], Meta(max_length=CLAIM_MAX)] = msgspec.field(
         default_factory=list
     )
+    slots: Annotated[int, Meta(ge=1, le=100_000)] | None = None
+    """The worker's concurrency, shown in the workers view (optional: older workers omit it)."""
 
 
 class JobMessage(_Wire):

@@ -551,18 +551,77 @@ def _each(action: str, job_ids: Sequence[str]) -> None:
         click.get_current_context().exit(worst)
 
 
-@cli.command()
-@click.argument("job_ids", nargs=-1, required=True)
-def retry(job_ids: tuple[str, ...]) -> None:
-    """Run dead-lettered or cancelled jobs again (an admin key)."""
-    _each("retry", job_ids)
+def _by_filter(options: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of `retry`/`cancel` that act on every job matching a filter."""
+    for option in reversed(
+        [
+            click.option(
+                "--filter",
+                "filters",
+                multiple=True,
+                metavar="KEY=VALUE",
+                help="Every matching job instead of ids: status=, queue=, task-type=.",
+            ),
+            click.option("--limit", type=click.IntRange(1), help="Change at most this many."),
+            click.option("--dry-run", is_flag=True, help="Count the matching jobs; change none."),
+            click.option("--yes", is_flag=True, help="Do not ask to confirm the count."),
+        ]
+    ):
+        options = option(options)
+    return options
 
 
-@cli.command()
-@click.argument("job_ids", nargs=-1, required=True)
-def cancel(job_ids: tuple[str, ...]) -> None:
-    """Cancel jobs; a running one is stopped by its worker (an admin key)."""
-    _each("cancel", job_ids)
+def _ids_or_filter(
+    action: str,
+    job_ids: tuple[str, ...],
+    filters: tuple[str, ...],
+    limit: int | None,
+    dry_run: bool,
+    yes: bool,
+) -> None:
+    from jobq.cli_views import bulk_by_filter, parse_filter  # registered after this module
+
+    if job_ids and filters:
+        click.get_current_context().fail("give job ids or --filter, not both")
+    if job_ids:
+        _each(action, job_ids)
+        return
+    bulk_by_filter(
+        _settings(),
+        "retry" if action == "retry" else "cancel",
+        parse_filter(filters),
+        limit,
+        dry_run,
+        yes,
+    )
+
+
+def _ids_or_filter_command(action: str, help_text: str) -> None:
+    """Register `jobq ACTION [ID…] [--filter …]` (retry or cancel)."""
+
+    @cli.command(name=action, help=help_text)
+    @click.argument("job_ids", nargs=-1)
+    @_by_filter
+    def command(
+        job_ids: tuple[str, ...],
+        filters: tuple[str, ...],
+        limit: int | None,
+        dry_run: bool,
+        yes: bool,
+    ) -> None:
+        _ids_or_filter(action, job_ids, filters, limit, dry_run, yes)
+
+
+_ids_or_filter_command(
+    "retry",
+    "Run dead-lettered or cancelled jobs again: by id, or every job matching --filter after "
+    "confirming their count (an admin key).",
+)
+_ids_or_filter_command(
+    "cancel",
+    "Cancel jobs (a running one is stopped by its worker): by id, or every job matching "
+    "--filter after confirming their count (an admin key).",
+)
 
 
 @cli.command()
@@ -673,3 +732,7 @@ def weights(queue: str, weights: tuple[str, ...]) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """The `jobq` console script; exits with an EXIT_* code (Click's usage errors: 2)."""
     cli.main(args=argv, prog_name="jobq")
+
+
+# The operator views' commands register themselves on `cli`.
+from jobq import cli_views  # noqa: E402, F401

@@ -16,7 +16,7 @@ import re
 import time
 import urllib.parse
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar, Unpack
@@ -33,6 +33,7 @@ from common.contracts import (
     JobStatus,
     JobView,
     ListView,
+    QueuesResponse,
     QueueState,
     RedriveRequest,
     RedriveResponse,
@@ -46,6 +47,16 @@ from common.errors import (
     ServiceUnavailable,
     UpstreamMisconfigured,
     from_problem,
+)
+from common.operations import (
+    BulkAction,
+    BulkRequest,
+    BulkResponse,
+    PurgeRequest,
+    PurgeResponse,
+    SchedulesResponse,
+    ThroughputResponse,
+    WorkersResponse,
 )
 from jobq.request import SubmitOptions, build_request
 
@@ -205,6 +216,48 @@ def _queue_call(queue: str, action: str) -> _Call[QueueState]:
     return _Call("POST", f"/queues/{_segment(queue)}/{action}", QueueState)
 
 
+def _bulk_call(
+    action: BulkAction,
+    *,
+    status: JobStatus | None,
+    queue: str | None,
+    task_type: str | None,
+    ids: Sequence[uuid.UUID] | None,
+    limit: int | None,
+    dry_run: bool,
+) -> _Call[BulkResponse]:
+    """`POST /jobs/bulk`; the body is validated here (InvalidInput, nothing sent)."""
+    fields: dict[str, Any] = {"action": action, "status": status, "queue": queue}
+    fields |= {"taskType": task_type, "limit": limit, "dryRun": dry_run}
+    fields["ids"] = None if ids is None else [str(i) for i in ids]
+    body = {k: v for k, v in fields.items() if v is not None}
+    try:
+        request = msgspec.convert(body, BulkRequest)
+    except msgspec.ValidationError as exc:
+        raise InvalidInput(str(exc), errors=[{"pointer": "/", "detail": str(exc)}]) from None
+    return _Call("POST", "/jobs/bulk", BulkResponse, request)
+
+
+def _purge_call(queue: str, confirm: str, dry_run: bool) -> _Call[PurgeResponse]:
+    body = PurgeRequest(confirm=confirm, dry_run=dry_run)
+    return _Call("POST", f"/queues/{_segment(queue)}/pending/purge", PurgeResponse, body)
+
+
+_NO_REPLY: type[None] = type(None)
+
+_QUEUES = _Call("GET", "/queues", QueuesResponse)
+_WORKERS = _Call("GET", "/workers", WorkersResponse)
+_SCHEDULES = _Call("GET", "/schedules", SchedulesResponse)
+
+
+def _throughput_call(minutes: int) -> _Call[ThroughputResponse]:
+    return _Call("GET", "/throughput", ThroughputResponse, params={"minutes": minutes})
+
+
+def _delete_call(job_id: uuid.UUID | str) -> _Call[None]:
+    return _Call("DELETE", f"/jobs/{job_id}", _NO_REPLY)
+
+
 def _content(call: _Call[Any]) -> tuple[bytes | None, dict[str, str] | None]:
     """The request's body and headers."""
     if call.body is None:
@@ -236,6 +289,8 @@ def _reply(call: _Call[T], response: httpx.Response) -> T:
         if isinstance(error, ServiceUnavailable):
             error.retry_after = _seconds(response.headers.get("Retry-After"))
         raise error
+    if call.reply is _NO_REPLY:
+        return None  # type: ignore[return-value]  # T is None for these calls
     try:
         return msgspec.json.decode(response.content, type=call.reply)
     except msgspec.DecodeError as exc:
@@ -394,6 +449,56 @@ class Client:
         another key, QueueNotFound for a queue that has no job and no state."""
         return self._call(_weights_call(queue, weights))
 
+    def queues(self) -> QueuesResponse:
+        """Counts per queue: the key's tenant's jobs, or every job's for an admin of `*`."""
+        return self._call(_QUEUES)
+
+    def bulk(
+        self,
+        action: BulkAction,
+        *,
+        status: JobStatus | None = None,
+        queue: str | None = None,
+        task_type: str | None = None,
+        ids: Sequence[uuid.UUID] | None = None,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> BulkResponse:
+        """`retry`, `cancel` or `delete` every job matching the filter (admin key), at most
+        `limit`; `dry_run` only counts them. Raises InvalidInput for a status the action
+        never applies to."""
+        return self._call(
+            _bulk_call(
+                action,
+                status=status,
+                queue=queue,
+                task_type=task_type,
+                ids=ids,
+                limit=limit,
+                dry_run=dry_run,
+            )
+        )
+
+    def delete(self, job_id: uuid.UUID | str) -> None:
+        """Delete a finished job (admin key); InvalidState for a live one."""
+        self._call(_delete_call(job_id))
+
+    def purge(self, queue: str, *, confirm: str, dry_run: bool = False) -> PurgeResponse:
+        """Delete `queue`'s waiting jobs (admin key); `confirm` must repeat the queue's name."""
+        return self._call(_purge_call(queue, confirm, dry_run))
+
+    def workers(self) -> WorkersResponse:
+        """Every live worker (admin key)."""
+        return self._call(_WORKERS)
+
+    def schedules(self) -> SchedulesResponse:
+        """Every recurring schedule with its last and next firing (admin key)."""
+        return self._call(_SCHEDULES)
+
+    def throughput(self, minutes: int = 60) -> ThroughputResponse:
+        """Completed and failed attempts per queue and minute, the last `minutes` minutes."""
+        return self._call(_throughput_call(minutes))
+
     def _submit(self, call: _Call[T]) -> T:
         attempts = _SubmitAttempts(self._submit_retries, call.key)
         while True:
@@ -511,6 +616,54 @@ class AsyncClient:
     async def set_weights(self, queue: str, weights: Mapping[str, float]) -> QueueState:
         """As `Client.set_weights`."""
         return await self._call(_weights_call(queue, weights))
+
+    async def queues(self) -> QueuesResponse:
+        """As `Client.queues`."""
+        return await self._call(_QUEUES)
+
+    async def bulk(
+        self,
+        action: BulkAction,
+        *,
+        status: JobStatus | None = None,
+        queue: str | None = None,
+        task_type: str | None = None,
+        ids: Sequence[uuid.UUID] | None = None,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> BulkResponse:
+        """As `Client.bulk`."""
+        return await self._call(
+            _bulk_call(
+                action,
+                status=status,
+                queue=queue,
+                task_type=task_type,
+                ids=ids,
+                limit=limit,
+                dry_run=dry_run,
+            )
+        )
+
+    async def delete(self, job_id: uuid.UUID | str) -> None:
+        """As `Client.delete`."""
+        await self._call(_delete_call(job_id))
+
+    async def purge(self, queue: str, *, confirm: str, dry_run: bool = False) -> PurgeResponse:
+        """As `Client.purge`."""
+        return await self._call(_purge_call(queue, confirm, dry_run))
+
+    async def workers(self) -> WorkersResponse:
+        """As `Client.workers`."""
+        return await self._call(_WORKERS)
+
+    async def schedules(self) -> SchedulesResponse:
+        """As `Client.schedules`."""
+        return await self._call(_SCHEDULES)
+
+    async def throughput(self, minutes: int = 60) -> ThroughputResponse:
+        """As `Client.throughput`."""
+        return await self._call(_throughput_call(minutes))
 
     async def _submit(self, call: _Call[T]) -> T:
         attempts = _SubmitAttempts(self._submit_retries, call.key)

@@ -252,6 +252,10 @@ async def require_json_body(request: Request[Any, Any, Any]) -> None:
     )
 
 
+SESSION_ROUTE = "session_route"
+"""`opt` key of route handlers that authenticate with a console session instead."""
+
+
 def request_checks(authenticate: RequestCheck) -> RequestCheck:
     """The apps' `before_request` hook (before the body is read): `authenticate` first
     (`common.web.access.role_check` or `token_check`: 401/403), then unknown query parameters
@@ -260,6 +264,10 @@ def request_checks(authenticate: RequestCheck) -> RequestCheck:
     query = QueryParameterCheck()
 
     async def check(request: Request[Any, Any, Any]) -> None:
+        if request.route_handler.opt.get(SESSION_ROUTE):
+            # The console's pages: a session cookie, not a bearer key, and HTML forms
+            # (services/producer/console/sessions.py checks both).
+            return
         await authenticate(request)
         query(request)
         await require_json_body(request)

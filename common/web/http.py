@@ -41,6 +41,9 @@ from common.errors import (
 from common.logging import RepeatedEvents
 from common.web.pools import PoolMetrics
 
+Params = dict[str, str | int] | list[tuple[str, str | int]]
+"""A query string: a mapping, or pairs for a repeated parameter (`queue=a&queue=b`)."""
+
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
@@ -185,7 +188,7 @@ class ServiceClient:
         body: Any = None,
         *,
         deadline: float | None = None,
-        params: dict[str, str | int] | None = None,
+        params: Params | None = None,
         carry_deadline: bool = False,
         headers: dict[str, str] | None = None,
     ) -> Reply:

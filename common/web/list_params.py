@@ -10,6 +10,7 @@ from litestar import Request
 from litestar.params import QueryParameter
 
 from common.contracts import (
+    IDEMPOTENCY_KEY_MAX_BYTES,
     LIST_LIMIT_DEFAULT,
     LIST_LIMIT_MAX,
     LIST_PAGE_MAX_BYTES,
@@ -17,6 +18,7 @@ from common.contracts import (
     JobStatus,
     ListView,
 )
+from common.operations import THROUGHPUT_MINUTES_MAX
 from common.web.query_params import unknown_parameters_error
 
 StatusFilter = Annotated[JobStatus | None, QueryParameter(description="Only jobs in this state.")]
@@ -26,6 +28,16 @@ QueueFilter = Annotated[
 TaskTypeFilter = Annotated[
     str | None,
     QueryParameter(name="taskType", pattern=NAME_PATTERN, description="Only this task type."),
+]
+KeyFilter = Annotated[
+    str | None,
+    QueryParameter(
+        name="idempotencyKey",
+        min_length=1,
+        max_length=IDEMPOTENCY_KEY_MAX_BYTES,
+        pattern=r"^[\x20-\x7e]+(?!\n)$",
+        description="Only the job submitted with this idempotency key (one per tenant).",
+    ),
 ]
 Cursor = Annotated[
     uuid.UUID | None,
@@ -59,7 +71,9 @@ TenantScope = Annotated[
 """The queue service's tenant scope (docs/architecture.md#tenants), on every route that reads
 or changes jobs by id or filter."""
 
-LIST_PARAMETERS = frozenset({"status", "queue", "taskType", "cursor", "limit", "view", "tenant"})
+LIST_PARAMETERS = frozenset(
+    {"status", "queue", "taskType", "idempotencyKey", "cursor", "limit", "view", "tenant"}
+)
 
 
 def refuse_unknown_parameters(
@@ -70,3 +84,12 @@ def refuse_unknown_parameters(
     unknown = sorted(set(request.query_params) - known)
     if unknown:
         raise unknown_parameters_error(unknown)
+
+
+Minutes = Annotated[
+    int,
+    QueryParameter(
+        ge=1, le=THROUGHPUT_MINUTES_MAX, description="How many minutes back (at most a day)."
+    ),
+]
+"""`GET /throughput`'s window."""

@@ -11,7 +11,7 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from prometheus_client import CollectorRegistry
 
-from common import contracts
+from common import contracts, operations
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.web.access import caller_of, role_check
 from common.web.app import (
@@ -27,8 +27,11 @@ from common.web.http_metrics import HttpMetrics
 from common.web.pools import PoolMetrics
 from services.producer.admission import Admission, payload_checks
 from services.producer.client import QueueServiceClient
+from services.producer.console import console_router, template_config
+from services.producer.console.sessions import Sessions
 from services.producer.limits import STORE_NAME, TenantWindow, create_store, request_rate_limit
 from services.producer.metrics import ProducerMetrics
+from services.producer.operations import OPERATOR_ROUTES
 from services.producer.routes import (
     JobController,
     Producer,
@@ -74,6 +77,9 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         ) as http:
             client = QueueServiceClient(http, settings.producer_forward_timeout)
             app.state.queue = client
+            app.state.console_sessions = Sessions(
+                store, keys, max(int(settings.console_session_ttl), 1)
+            )
             try:
                 yield
             finally:
@@ -101,6 +107,8 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
             set_limits,
             set_weights,
             redrive,
+            *OPERATOR_ROUTES,
+            console_router(),
             ready,
             live,
             metrics_route(registry),
@@ -111,6 +119,7 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         before_request=request_checks(role_check(keys)),
         middleware=middleware,
         stores={STORE_NAME: store},
+        template_config=template_config(),
         openapi_config=openapi_config(
             "jobq producer",
             "An API key of JOBQ_API_KEYS (role:tenant:key); not needed when none is configured.",
@@ -120,4 +129,5 @@ def create_app(settings: ProducerSettings | None = None) -> Litestar:
         debug=False,
     )
     refine_struct_schemas(app, contracts)
+    refine_struct_schemas(app, operations)
     return app

@@ -25,6 +25,7 @@ from common.contracts import (
     JobList,
     JobView,
     LimitsRequest,
+    QueuesResponse,
     QueueState,
     RedriveRequest,
     RedriveResponse,
@@ -40,7 +41,16 @@ from common.errors import (
     UpstreamMisconfigured,
     from_problem,
 )
-from common.web.http import Reply, ServiceClient, decode
+from common.operations import (
+    BulkRequest,
+    BulkResponse,
+    PurgeRequest,
+    PurgeResponse,
+    SchedulesResponse,
+    ThroughputResponse,
+    WorkersResponse,
+)
+from common.web.http import Params, Reply, ServiceClient, decode
 from common.web.queue_params import ACTOR_HEADER
 
 logger = logging.getLogger(__name__)
@@ -97,7 +107,7 @@ class QueueServiceClient:
         body: Any = None,
         *,
         deadline: float,
-        params: dict[str, str | int] | None = None,
+        params: Params | None = None,
         submit: bool = False,
         headers: dict[str, str] | None = None,
     ) -> Reply:
@@ -257,6 +267,49 @@ class QueueServiceClient:
             "POST", "/dead-letter/redrive", request, deadline=60.0, params=_scoped(scope)
         )
         return decode(reply, RedriveResponse)
+
+    async def depth(self, scope: str | None) -> QueuesResponse:
+        """`GET /queues`: every queue's counts, or (with a tenant `scope`) that tenant's."""
+        reply = await self._call("GET", "/queues", deadline=self._timeout, params=_scoped(scope))
+        return decode(reply, QueuesResponse)
+
+    async def bulk(self, request: BulkRequest, scope: str | None) -> BulkResponse:
+        """`POST /jobs/bulk` for the tenant `scope`; a bulk change of many jobs runs in many
+        chunks, so it gets the redrive's longer timeout (60 s)."""
+        reply = await self._call(
+            "POST", "/jobs/bulk", request, deadline=60.0, params=_scoped(scope)
+        )
+        return decode(reply, BulkResponse)
+
+    async def delete(self, job_id: uuid.UUID, scope: str | None) -> None:
+        """`DELETE /jobs/{id}` of a finished job of the tenant `scope`."""
+        await self._call("DELETE", f"/jobs/{job_id}", deadline=self._timeout, params=_scoped(scope))
+
+    async def purge(self, queue: str, request: PurgeRequest, scope: str | None) -> PurgeResponse:
+        """`POST /queues/{queue}/pending/purge` for the tenant `scope` (60 s, as a bulk)."""
+        reply = await self._call(
+            "POST",
+            f"/queues/{queue}/pending/purge",
+            request,
+            deadline=60.0,
+            params=_scoped(scope),
+        )
+        return decode(reply, PurgeResponse)
+
+    async def workers(self) -> WorkersResponse:
+        """`GET /workers`."""
+        return decode(await self._call("GET", "/workers", deadline=self._timeout), WorkersResponse)
+
+    async def schedules(self) -> SchedulesResponse:
+        """`GET /schedules`."""
+        reply = await self._call("GET", "/schedules", deadline=self._timeout)
+        return decode(reply, SchedulesResponse)
+
+    async def throughput(self, minutes: int, queues: list[str] | None) -> ThroughputResponse:
+        """`GET /throughput` of the last `minutes` minutes (of `queues`; None: every queue)."""
+        params: Params = [("minutes", minutes), *(("queue", q) for q in queues or [])]
+        reply = await self._call("GET", "/throughput", deadline=self._timeout, params=params)
+        return decode(reply, ThroughputResponse)
 
 
 def _scoped(scope: str | None) -> dict[str, str | int] | None:

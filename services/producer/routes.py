@@ -37,6 +37,7 @@ from common.web.bodies import StrictJSON, SubmitJSON
 from common.web.list_params import (
     LIST_PARAMETERS,
     Cursor,
+    KeyFilter,
     Limit,
     QueueFilter,
     StatusFilter,
@@ -182,6 +183,7 @@ class JobController(Controller):
         status: StatusFilter = None,
         queue: QueueFilter = None,
         task_type: TaskTypeFilter = None,
+        idempotency_key: KeyFilter = None,
         cursor: Cursor = None,
         limit: Limit = LIST_LIMIT_DEFAULT,
         view: View = "summary",
@@ -197,6 +199,7 @@ class JobController(Controller):
             ("status", status),
             ("queue", queue),
             ("taskType", task_type),
+            ("idempotencyKey", idempotency_key),
             ("cursor", cursor),
             # Sent only when asked for: a queue service of the previous release knows no view.
             ("view", None if view == "summary" else view),

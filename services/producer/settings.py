@@ -25,3 +25,5 @@ class ProducerSettings(HttpServiceSettings, EmailPolicySettings, ApiKeySettings)
     producer_rate_limit: Rate = None
     redis_url: str = "redis://127.0.0.1:6379/0"
     smtp_tenant_rate: Rate = ("minute", 100)
+    console_session_ttl: Duration = 8 * 3600.0
+    """Seconds a console session lasts from its sign-in (services/producer/console)."""

@@ -17,7 +17,7 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from prometheus_client import CollectorRegistry
 
-from common import contracts
+from common import contracts, operations
 from common.contracts import REQUEST_BODY_MAX_BYTES
 from common.web.access import token_check
 from common.web.app import (
@@ -33,6 +33,8 @@ from common.web.pools import PoolMetrics
 from services.queue.background import Reaper, Retention, Scheduler, every, refresh_depth
 from services.queue.depth import DepthCache
 from services.queue.metrics import QueueMetrics
+from services.queue.operator import Operator
+from services.queue.operator_routes import OPERATOR_ROUTES
 from services.queue.recurring import Recurring
 from services.queue.repository import JobRepository, create_pool
 from services.queue.routes import (
@@ -159,11 +161,18 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         retention = Retention(
             repository, settings.queue_retention, settings.queue_dead_letter_retention
         )
+        operator = Operator(
+            repository,
+            service.activity,
+            parse_schedules(settings.queue_schedules),
+            settings.queue_worker_live,
+        )
         app.state.update(
             pool=pool,
             service=service,
             depth_cache=depth_cache,
             sqs_store=SqsStore(repository),
+            operator=operator,
             head_revision=head_revision(),
         )
         loops: list[asyncio.Task[None]] = []
@@ -225,6 +234,16 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
                         )
                     )
                 )
+                loops.append(
+                    tasks.create_task(
+                        every(
+                            "activity",
+                            settings.queue_activity_interval,
+                            service.activity.flush,
+                            shutdown,
+                        )
+                    )
+                )
                 try:
                     yield
                 finally:
@@ -256,6 +275,9 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
     def provide_sqs_store(state: State) -> SqsStore:
         store: SqsStore = state.sqs_store
         return store
+    def provide_operator(state: State) -> Operator:
+        operator: Operator = state.operator
+        return operator
 
     app = Litestar(
         route_handlers=[
@@ -266,6 +288,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             set_limits,
             set_weights,
             redrive,
+            *OPERATOR_ROUTES,
             ready,
             live,
             metrics_route(registry),
@@ -275,6 +298,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             "service": Provide(provide_service, sync_to_thread=False),
             "depth_cache": Provide(provide_depth_cache, sync_to_thread=False),
             "sqs_store": Provide(provide_sqs_store, sync_to_thread=False),
+            "operator": Provide(provide_operator, sync_to_thread=False),
         },
         exception_handlers=exception_handlers(),
         before_request=request_checks(token_check(token.get_secret_value() if token else None)),
@@ -291,4 +315,5 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         debug=False,
     )
     refine_struct_schemas(app, contracts)
+    refine_struct_schemas(app, operations)
     return app

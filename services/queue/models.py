@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     CheckConstraint,
     DateTime,
@@ -25,7 +26,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from common.contracts import JobStatus
@@ -222,3 +223,33 @@ class SqsQueueRecord(Base):
     attributes: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Worker(Base):
+    """A worker as its claims describe it, upserted in batches by the queue service (one
+    statement per `QUEUE_ACTIVITY_INTERVAL`); `claimed` and `previous_claimed` count its
+    claims in the clock minute `minute` and the one before (docs/architecture.md#operator-views).
+    """
+
+    __tablename__ = "worker"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    queues: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    slots: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    minute: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    claimed: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    previous_claimed: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+
+
+class QueueMinute(Base):
+    """Completed and failed attempts of a queue in one clock minute, added to in batches and
+    kept `QUEUE_THROUGHPUT_RETENTION` (docs/architecture.md#operator-views)."""
+
+    __tablename__ = "queue_minute"
+    __table_args__ = (Index("ix_queue_minute_minute", "minute"),)
+
+    queue: Mapped[str] = mapped_column(String(64), primary_key=True)
+    minute: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    completed: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    failed: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))

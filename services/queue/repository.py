@@ -1547,6 +1547,16 @@ class JobRepository:
         )
         return row
 
+    async def fetch(self, statement: str, *args: Any) -> list[asyncpg.Record]:
+        """Run one statement of another module of the queue service (`activity`, `bulk`) in
+        its own transaction, with this repository's pool, deadlines and error translation;
+        all its rows."""
+        return await self._fetch(statement, *args)
+
+    async def execute(self, statement: str, *args: Any) -> None:
+        """Like `fetch`, for a statement whose rows nobody reads."""
+        await self._on_connection(lambda conn: conn.execute(statement, *args))
+
     async def _on_connection(self, statement: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """`statement(conn)` (one statement) on a pooled connection; when the driver refused to
         start it on a connection stuck in an earlier operation (`_never_sent`), once more on
@@ -1835,11 +1845,13 @@ class JobRepository:
         tenant: str | None = None,
         full: bool = False,
         max_bytes: int,
+        idempotency_key: str | None = None,
     ) -> tuple[list[ListedJob], bool]:
         """Jobs matching the filters with id < `before` (keyset), newest first, at most `limit`
         and at most `max_bytes` of JSON (at least one job); with a `tenant`, that tenant's
-        only; with `full`, with their payload, errors and result. Returns them and whether
-        the byte bound left out jobs within `limit`.
+        only; with `full`, with their payload, errors and result; with an `idempotency_key`,
+        the job submitted with it (found by the per-tenant unique index when a `tenant` is
+        given). Returns them and whether the byte bound left out jobs within `limit`.
 
         Only the given filters enter the statement, so each combination gets its own plan
         (ix_job_status_id, ix_job_queue_id, ix_job_tenant_id or the primary key, walked
@@ -1853,6 +1865,7 @@ class JobRepository:
             ("status", status),
             ("queue", queue),
             ("task_type", task_type),
+            ("idempotency_key", idempotency_key),
             ("id <", before),
         )
         for column, value in filters:

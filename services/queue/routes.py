@@ -58,6 +58,7 @@ from common.web.bodies import ReportJSON, StrictJSON, SubmitJSON
 from common.web.http import DEADLINE_HEADER, parse_deadline
 from common.web.list_params import (
     Cursor,
+    KeyFilter,
     Limit,
     QueueFilter,
     StatusFilter,
@@ -68,6 +69,7 @@ from common.web.list_params import (
 )
 from common.web.queue_params import Actor, QueueAction, QueuePath, actor_of, check_queue_path
 from services.queue.depth import DepthCache
+from services.queue.operator import Operator
 from services.queue.repository import Claimed
 from services.queue.service import QueueService
 
@@ -203,6 +205,7 @@ class JobController(Controller):
         status: StatusFilter = None,
         queue: QueueFilter = None,
         task_type: TaskTypeFilter = None,
+        idempotency_key: KeyFilter = None,
         cursor: Cursor = None,
         limit: Limit = LIST_LIMIT_DEFAULT,
         view: View = "summary",
@@ -216,6 +219,7 @@ class JobController(Controller):
             status=status,
             queue=queue,
             task_type=task_type,
+            idempotency_key=idempotency_key,
             cursor=cursor,
             limit=limit,
             tenant=tenant,
@@ -478,11 +482,17 @@ async def set_weights(
 
 @get("/queues", tags=["queues"], summary="Queue depth", responses=problems())
 async def queues(
-    service: NamedDependency[QueueService], depth_cache: NamedDependency[DepthCache]
+    service: NamedDependency[QueueService],
+    depth_cache: NamedDependency[DepthCache],
+    operator: NamedDependency[Operator],
+    tenant: TenantScope = None,
 ) -> QueuesResponse:
     """Per-queue counts (from the Redis cache when fresh, else PostgreSQL), with `source` and
     `refreshedAt` saying which and when, and whether each queue is paused (since when, and
-    its last change)."""
+    its last change). With a `tenant`: that tenant's jobs only, counted in PostgreSQL, and
+    only the queues it has live or dead-lettered jobs in."""
+    if tenant is not None:
+        return await operator.tenant_depth(tenant)
     return await service.queue_depth(depth_cache)
 
 

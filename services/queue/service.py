@@ -63,6 +63,7 @@ from common.logging import RepeatedEvents
 from common.text import sanitize_result, sanitize_text
 from common.validation import check_payload
 from services.queue import retry
+from services.queue.activity import Activity
 from services.queue.depth import DepthCache, current_depth
 from services.queue.metrics import QueueMetrics
 from services.queue.repository import (
@@ -188,8 +189,11 @@ class QueueService:
         settings: QueueSettings,
         metrics: QueueMetrics,
         shutdown: asyncio.Event,
+        activity: Activity | None = None,
     ) -> None:
         self._repository = repository
+        # Workers and per-minute counts for the operator views, written in batches.
+        self.activity = activity or Activity(repository, settings.queue_throughput_retention)
         self._hub = hub
         self._settings = settings
         self._metrics = metrics
@@ -321,6 +325,7 @@ class QueueService:
         limit: int,
         tenant: str | None = None,
         view: ListView = "summary",
+        idempotency_key: str | None = None,
     ) -> JobList:
         """One page of jobs, newest first, in the `view` asked for; `cursor` is the previous
         page's `next_cursor`; with a `tenant`, that tenant's jobs only. The page holds at most
@@ -330,6 +335,7 @@ class QueueService:
             status=status,
             queue=queue,
             task_type=task_type,
+            idempotency_key=idempotency_key,
             before=cursor,
             limit=limit,
             tenant=tenant,
@@ -370,6 +376,7 @@ class QueueService:
                 self._metrics.claim_batch_size.observe(len(jobs))
             else:
                 self._metrics.empty_claims.inc()
+            self.activity.claimed(request.worker, request.queues, request.slots, len(jobs))
             return jobs, acks
         deadline = time.monotonic() + request.wait_seconds
         while True:
@@ -378,6 +385,7 @@ class QueueService:
             self._metrics.claim_duration.observe(time.perf_counter() - started)
             if jobs:
                 self._metrics.claim_batch_size.observe(len(jobs))
+                self.activity.claimed(request.worker, request.queues, request.slots, len(jobs))
                 return jobs, []
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._shutdown.is_set():
@@ -391,6 +399,7 @@ class QueueService:
             if self._shutdown.is_set() or (disconnected is not None and disconnected.done()):
                 break
         self._metrics.empty_claims.inc()
+        self.activity.claimed(request.worker, request.queues, request.slots, 0)
         return [], []
 
     async def _ack_and_claim(
@@ -874,6 +883,7 @@ class QueueService:
     def _record(self, settled: Sequence[Settled]) -> None:
         """Count settled attempts by outcome, observe end-to-end times, log retries (WARNING)
         and dead letters (ERROR), folded per task type (`common.logging.RepeatedEvents`)."""
+        self.activity.settled(settled)
         counts: Counter[tuple[str, str, str]] = Counter()
         metrics = self._metrics
         # A batch's jobs share a few (queue, task type) pairs: their labels and end-to-end

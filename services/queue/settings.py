@@ -75,6 +75,12 @@ class QueueSettings(HttpServiceSettings):
     queue_listen_probe_timeout: Duration = 2.0
     queue_db_statement_timeout: Duration = 15.0
     queue_db_idle_in_transaction_timeout: Duration = 10.0
+    queue_activity_interval: Duration = 2.0
+    """How often a replica writes the workers and per-minute counts it saw (one batch)."""
+    queue_throughput_retention: Duration = 86400.0
+    """How long per-minute counts and silent workers' rows are kept."""
+    queue_worker_live: Duration = 60.0
+    """A worker is listed while it claimed or touched a lease within this many seconds."""
 
     @field_validator("queue_schedules")
     @classmethod
@@ -118,6 +124,9 @@ class QueueSettings(HttpServiceSettings):
         "queue_schedule_interval",
         "queue_listen_probe_interval",
         "queue_listen_probe_timeout",
+        "queue_activity_interval",
+        "queue_throughput_retention",
+        "queue_worker_live",
     )
     @classmethod
     def _positive_interval(cls, value: float) -> float:

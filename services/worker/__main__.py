@@ -44,7 +44,7 @@ async def run(settings: WorkerSettings) -> None:
     )
     async with queue_http, outbound:
         processors = build_registry(settings, outbound)
-        client = QueueClient(queue_http, settings.worker_name)
+        client = QueueClient(queue_http, settings.worker_name, settings.worker_concurrency)
         worker = Worker(settings, client, processors, metrics)
         server = None
         if settings.worker_metrics_port:

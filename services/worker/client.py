@@ -42,9 +42,10 @@ class QueueClient:
     """Claims and settles jobs over HTTP. Errors are `common.errors` classes
     (ServiceUnavailable when the queue service is unreachable or answers 5xx)."""
 
-    def __init__(self, http: ServiceClient, worker: str) -> None:
+    def __init__(self, http: ServiceClient, worker: str, slots: int | None = None) -> None:
         self._http = http
         self._worker = worker
+        self._slots = slots
 
     async def claim(
         self,
@@ -66,6 +67,7 @@ class QueueClient:
             wait_seconds=wait_seconds,
             visibility_timeout=visibility_timeout,
             acks=acks or [],
+            slots=self._slots,
         )
         reply = await self._http.call(
             "POST", "/jobs/next", request, deadline=wait_seconds + _READ_MARGIN

@@ -1,0 +1,142 @@
+"""Bulk changes by filter: retry, cancel or delete every matching job, and purge a queue's
+waiting jobs (docs/architecture.md#bulk-changes).
+
+A bulk change of 100,000 jobs must neither time out nor hold 100,000 row locks: it runs as
+chunks of `BULK_CHUNK` jobs, each one short statement of its own (the redrive's pattern), that
+picks the next matching rows with `FOR UPDATE SKIP LOCKED` and changes them. A row a worker
+holds locked at that moment is skipped, not waited for. The count a confirmation states is
+taken first with the same filter, bounded by the request's limit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from common.contracts import JobStatus
+from common.errors import InvalidInput
+from common.operations import BULK_CHUNK, BulkAction
+from services.queue.repository import _RESET_FOR_RETRY, JobRepository, _notify_ready
+
+ALLOWED: dict[str, tuple[JobStatus, ...]] = {
+    "retry": (JobStatus.DEAD_LETTER, JobStatus.CANCELLED),
+    "cancel": (JobStatus.PENDING, JobStatus.SCHEDULED, JobStatus.PROCESSING),
+    "delete": (JobStatus.COMPLETED, JobStatus.DEAD_LETTER, JobStatus.CANCELLED),
+    "purge": (JobStatus.PENDING, JobStatus.SCHEDULED),
+}
+"""The statuses each action applies to; other jobs are never matched."""
+
+_CHANGE = {
+    "retry": f"""
+, changed AS (
+    UPDATE job SET {_RESET_FOR_RETRY}
+    WHERE job.id = ANY(ARRAY(SELECT id FROM picked)) AND job.status IN ({{statuses}})
+    RETURNING job.queue, job.status
+), woken AS ({_notify_ready("changed")})
+SELECT count(*) AS changed, (SELECT count(*) FROM woken) AS notified FROM changed""",
+    # As the single cancel: waiting jobs end now, a running one is asked to stop.
+    "cancel": """
+, changed AS (
+    UPDATE job SET
+        status = CASE WHEN status = 'PROCESSING' THEN status ELSE 'CANCELLED' END,
+        cancel_requested = (status = 'PROCESSING'),
+        finished_at = CASE WHEN status = 'PROCESSING' THEN NULL ELSE statement_timestamp() END,
+        updated_at = statement_timestamp()
+    WHERE job.id = ANY(ARRAY(SELECT id FROM picked)) AND job.status IN ({statuses})
+    RETURNING 1
+)
+SELECT count(*) AS changed FROM changed""",
+    "delete": """
+, changed AS (
+    DELETE FROM job WHERE job.id = ANY(ARRAY(SELECT id FROM picked))
+                      AND job.status IN ({statuses})
+    RETURNING 1
+)
+SELECT count(*) AS changed FROM changed""",
+}
+_CHANGE["purge"] = _CHANGE["delete"]
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """Which jobs a bulk change means: any of `statuses` (already narrowed to the action's),
+    optionally of one queue, task type and tenant, or one of `ids`."""
+
+    statuses: tuple[JobStatus, ...]
+    queue: str | None = None
+    task_type: str | None = None
+    tenant: str | None = None
+    ids: Sequence[uuid.UUID] | None = None
+
+    def where(self) -> tuple[str, list[Any]]:
+        """The WHERE clause and its parameters ($1…); statuses as literals from the enum, so
+        the planner can match the partial indexes."""
+        literals = ", ".join(f"'{status.value}'" for status in self.statuses)
+        conditions = [f"status IN ({literals})"]
+        args: list[Any] = []
+        for column, value in (
+            ("queue", self.queue),
+            ("task_type", self.task_type),
+            ("tenant", self.tenant),
+        ):
+            if value is not None:
+                args.append(value)
+                conditions.append(f"{column} = ${len(args)}")
+        if self.ids is not None:
+            args.append(list(self.ids))
+            conditions.append(f"id = ANY(${len(args)}::uuid[])")
+        # A running job asked to stop already is not matched again by a cancel.
+        if JobStatus.PROCESSING in self.statuses:
+            conditions.append("NOT (status = 'PROCESSING' AND cancel_requested)")
+        return " AND ".join(conditions), args
+
+
+def narrowed(action: BulkAction | str, status: JobStatus | None) -> tuple[JobStatus, ...]:
+    """The statuses `action` applies to, narrowed to `status` when one is asked for. Raises
+    InvalidInput (pointer `/status`) when the action never applies to that status."""
+    allowed = ALLOWED[action]
+    if status is None:
+        return allowed
+    if status not in allowed:
+        raise InvalidInput(
+            f"{action} applies to {', '.join(allowed)} jobs, not {status}",
+            errors=[{"pointer": "/status", "detail": f"not a status {action} applies to"}],
+        )
+    return (status,)
+
+
+async def count(repository: JobRepository, where: Filter, limit: int) -> int:
+    """How many jobs match `where`, counting at most `limit`."""
+    condition, args = where.where()
+    args.append(limit)
+    rows = await repository.fetch(
+        f"SELECT count(*) AS n FROM (SELECT 1 FROM job WHERE {condition} LIMIT ${len(args)}) m",
+        *args,
+    )
+    return int(rows[0]["n"])
+
+
+async def apply(repository: JobRepository, action: str, where: Filter, limit: int) -> int:
+    """Apply `action` to at most `limit` jobs matching `where`, `BULK_CHUNK` per statement;
+    returns how many changed. Stops at the first chunk that changed fewer than it asked for
+    (nothing left, or the rest locked by others at that moment)."""
+    condition, args = where.where()
+    args.append(0)
+    at = len(args)
+    statement = (
+        f"WITH picked AS (SELECT id FROM job WHERE {condition} ORDER BY id LIMIT ${at} "
+        f"FOR UPDATE SKIP LOCKED)"
+        + _CHANGE[action].format(statuses=", ".join(f"'{s.value}'" for s in where.statuses))
+    )
+    changed = 0
+    while changed < limit:
+        chunk = min(BULK_CHUNK, limit - changed)
+        args[at - 1] = chunk
+        rows = await repository.fetch(statement, *args)
+        done = int(rows[0]["changed"])
+        changed += done
+        if done < chunk:
+            break
+    return changed
