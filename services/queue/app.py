@@ -106,6 +106,16 @@ def _orphaned_resolution_quiet(loop: asyncio.AbstractEventLoop, context: dict[st
     loop.default_exception_handler(context)
 
 
+def _from_state(name: str) -> Provide:
+    """A dependency handing routes the object the lifespan put in the app's state as `name`
+    (the service, the depth cache, the SQS store, the operator views)."""
+
+    def provide(state: State) -> Any:
+        return state[name]
+
+    return Provide(provide, sync_to_thread=False)
+
+
 def create_app(settings: QueueSettings | None = None) -> Litestar:
     """Build the queue service. Resources (engine, Redis, LISTEN connection, background loops)
     are created in the lifespan and closed when the app stops."""
@@ -264,21 +274,6 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             if redis_client is not None:
                 await redis_client.aclose()
 
-    def provide_service(state: State) -> QueueService:
-        service: QueueService = state.service
-        return service
-
-    def provide_depth_cache(state: State) -> DepthCache:
-        cache: DepthCache = state.depth_cache
-        return cache
-
-    def provide_sqs_store(state: State) -> SqsStore:
-        store: SqsStore = state.sqs_store
-        return store
-    def provide_operator(state: State) -> Operator:
-        operator: Operator = state.operator
-        return operator
-
     app = Litestar(
         route_handlers=[
             JobController,
@@ -295,10 +290,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         ],
         lifespan=[lifespan],
         dependencies={
-            "service": Provide(provide_service, sync_to_thread=False),
-            "depth_cache": Provide(provide_depth_cache, sync_to_thread=False),
-            "sqs_store": Provide(provide_sqs_store, sync_to_thread=False),
-            "operator": Provide(provide_operator, sync_to_thread=False),
+            name: _from_state(name) for name in ("service", "depth_cache", "sqs_store", "operator")
         },
         exception_handlers=exception_handlers(),
         before_request=request_checks(token_check(token.get_secret_value() if token else None)),
