@@ -154,6 +154,10 @@ bench: install ## Whole benchmark suite with peers (~15 min): JSON+PNG in benchm
 bench-quick: install ## Benchmark suite at smoke-test size (no peers, one round; what CI runs), not committed
 	$(BIN)/python -m benchmark --preset quick
 
+.PHONY: bench-waiters
+bench-waiters: install ## 500 waiters (waitSeconds=20): settle → answer latency, idle CPU, the settle trigger's cost; JSON in benchmark/results
+	$(BIN)/python -m benchmark.waiters
+
 BEFORE ?=
 COMPARE_ARGS ?=
 .PHONY: bench-compare

@@ -37,6 +37,7 @@ REQUEST_BODY_MAX_BYTES = 8 * 1024 * 1024
 ERROR_MAX_BYTES = 8 * 1024
 RESULT_MAX_BYTES = 256 * 1024
 ERRORS_HISTORY_MAX = 10
+PROGRESS_MESSAGE_MAX_CHARS = 200
 WORKER_NAME_MAX = 200
 REDRIVE_LIMIT_MAX = 10_000_000
 BATCH_MAX = 500
@@ -197,6 +198,17 @@ class ErrorEntry(_Wire):
     error: str
 
 
+class JobProgress(_Wire):
+    """The latest progress a job's processor reported: `fraction` done (0 to 1), its message,
+    the `attempt` that reported it, and when (the database's clock). Kept when the job
+    finishes (how far a failed attempt got); cleared by a retry or redrive."""
+
+    fraction: float
+    message: str | None
+    attempt: int
+    at: datetime
+
+
 class JobView(_Wire):
     """Everything known about a job, as `GET /jobs/{id}` returns it."""
 
@@ -222,6 +234,7 @@ class JobView(_Wire):
     claimed_at: datetime | None
     finished_at: datetime | None
     cancel_requested: bool
+    progress: JobProgress | None = None
 
 
 ListView = Literal["summary", "full"]
@@ -409,13 +422,25 @@ class BatchFailResponse(_Wire):
     results: list[FailResult]
 
 
+class ProgressReport(_Wire):
+    """How far a running job has got, as its worker reports it with a heartbeat: the
+    `fraction` done (0 to 1) and an optional short `message` (at most
+    `PROGRESS_MESSAGE_MAX_CHARS` characters), as BullMQ's `job.updateProgress` and Celery's
+    `update_state(meta=…)` report it."""
+
+    fraction: Annotated[float, Meta(ge=0, le=1)]
+    message: Annotated[str, Meta(max_length=PROGRESS_MESSAGE_MAX_CHARS)] | None = None
+
+
 class HeartbeatEntry(_Wire):
-    """One lease change of a batch: like `HeartbeatRequest`, with the job's id."""
+    """One lease change of a batch: like `HeartbeatRequest`, with the job's id, and the
+    job's latest `progress` when its processor reported any since the last heartbeat."""
 
     id: uuid.UUID
     receipt_handle: uuid.UUID
     visibility_timeout: HeartbeatVisibilityTimeout
     reason: ReleaseReason | None = None
+    progress: ProgressReport | None = None
 
 
 class BatchHeartbeatRequest(_Wire):

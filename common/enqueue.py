@@ -29,6 +29,10 @@ from common.hashing import request_hash
 WAKEUP_CHANNEL = "jobq_ready"
 """LISTEN/NOTIFY channel; the payload is `<queue>:<number of jobs made ready>`."""
 
+SETTLED_CHANNEL = "jobq_settled"
+"""LISTEN/NOTIFY channel of settles somebody waits for; the payload is the job's id. Sent by
+the trigger `job_settled_awaited` only for jobs whose `awaited` flag a waiter set."""
+
 _ENQUEUE = """
 WITH incoming AS (
     SELECT * FROM jsonb_to_recordset(CAST(CAST({rows} AS text) AS jsonb)) AS j(

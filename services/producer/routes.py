@@ -42,6 +42,7 @@ from common.web.list_params import (
     StatusFilter,
     TaskTypeFilter,
     View,
+    WaitSeconds,
     refuse_unknown_parameters,
 )
 from common.web.queue_params import QueueAction, QueuePath, check_queue_path
@@ -212,9 +213,11 @@ class JobController(Controller):
         self,
         job_id: FromPath[uuid.UUID],
         producer: NamedDependency[Producer],
+        wait_seconds: WaitSeconds = 0,
     ) -> JobView:
-        """The job's full view; another tenant's job is a 404, like a missing one."""
-        return await producer.queue.get(job_id, producer.caller.scope)
+        """The job's full view; another tenant's job is a 404, like a missing one. With
+        `waitSeconds`, answered once the job is finished or the time is up."""
+        return await producer.queue.get(job_id, producer.caller.scope, wait_seconds)
 
     @post(
         "/{job_id:uuid}/cancel",

@@ -21,7 +21,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -41,9 +41,11 @@ from common.contracts import (
     FINISHED_STATUSES,
     ConcurrencyLimit,
     ErrorEntry,
+    JobProgress,
     JobStatus,
     JobView,
     ListedJob,
+    ProgressReport,
     QueueChange,
     QueueState,
     TenantWeight,
@@ -153,8 +155,13 @@ def _errors(row: asyncpg.Record) -> list[ErrorEntry]:
 
 
 def _to_view(row: asyncpg.Record) -> JobView:
+    progress = row["progress"]
     return JobView(
-        **_summary_fields(row), payload=row["payload"], errors=_errors(row), result=row["result"]
+        **_summary_fields(row),
+        payload=row["payload"],
+        errors=_errors(row),
+        result=row["result"],
+        progress=None if progress is None else msgspec.convert(progress, JobProgress),
     )
 
 
@@ -241,7 +248,7 @@ def _listed_bytes(full: bool) -> str:
 _JOB_COLUMNS = (
     "id, tenant, queue, task_type, payload, status, priority, attempts, releases, max_attempts, "
     "timeout_seconds, last_error, errors, result, idempotency_key, locked_by, created_at, "
-    "updated_at, visible_at, claimed_at, finished_at, cancel_requested, lease_id"
+    "updated_at, visible_at, claimed_at, finished_at, cancel_requested, lease_id, progress"
 )
 
 # Reads, cancels, retries, listings and redrives take a tenant scope: NULL for every tenant,
@@ -249,6 +256,17 @@ _JOB_COLUMNS = (
 _IN_SCOPE = "($2::text IS NULL OR tenant = $2)"
 
 _GET = f"SELECT {_JOB_COLUMNS} FROM job WHERE id = $1 AND {_IN_SCOPE}"
+
+_GET_MANY = f"SELECT {_JOB_COLUMNS} FROM job WHERE id = ANY($1::uuid[])"
+
+# A waiter flags a live job, and gets its view as this update left it: a settle that commits
+# before the update makes it match nothing (the job is read again), one after it sees the flag
+# and fires the `job_settled_awaited` trigger (docs/adr/004-waiting-for-outcomes.md).
+_MARK_AWAITED = f"""
+UPDATE job SET awaited = true
+WHERE id = $1 AND {_IN_SCOPE} AND status IN ('PENDING', 'SCHEDULED', 'PROCESSING')
+RETURNING {_JOB_COLUMNS}
+"""
 
 
 def _notify_ready(source: str) -> str:
@@ -919,10 +937,12 @@ SELECT reaped.*, (SELECT count(*) FROM woken) AS notified FROM reaped
 # near the end of the timestamp range cannot overflow.
 _HEARTBEAT = f"""
 WITH entries AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::text[])
-        AS e(id, receipt_handle, visibility_timeout, reason)
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::text[], $5::float8[],
+                         $6::text[])
+        AS e(id, receipt_handle, visibility_timeout, reason, fraction, message)
 ), decided AS (
-    SELECT job.id, entries.visibility_timeout, entries.reason,
+    SELECT job.id, entries.visibility_timeout, entries.reason, entries.fraction,
+           entries.message,
            statement_timestamp() + make_interval(secs => entries.visibility_timeout) AS lease_end,
            CASE WHEN entries.visibility_timeout > 0 THEN 'PROCESSING'
                 WHEN job.cancel_requested THEN 'CANCELLED'
@@ -952,6 +972,12 @@ WITH entries AS (
         last_error = CASE WHEN decided.next_status = 'DEAD_LETTER'
                           THEN 'released too often: more than 3 x maxAttempts releases'
                           ELSE job.last_error END,
+        -- The processor's latest progress report rides the heartbeat (no fraction: none).
+        progress = CASE WHEN decided.fraction IS NULL THEN job.progress
+                        ELSE jsonb_build_object('fraction', decided.fraction,
+                                                'message', decided.message,
+                                                'attempt', job.attempts,
+                                                'at', statement_timestamp()) END,
         -- A release says why in the job's history (not in last_error: it is no failure).
         errors = CASE WHEN decided.visibility_timeout = 0 THEN {
     _append_error(
@@ -987,7 +1013,8 @@ RETURNING id, queue, task_type, status, attempts
 
 _RESET_FOR_RETRY = """
         status = 'PENDING', attempts = 0, releases = 0, lease_id = NULL, locked_by = NULL,
-        cancel_requested = false, result = NULL, claimed_at = NULL, finished_at = NULL,
+        cancel_requested = false, awaited = false, result = NULL, progress = NULL,
+        claimed_at = NULL, finished_at = NULL,
         visible_at = statement_timestamp(), ready_at = statement_timestamp(),
         updated_at = statement_timestamp()
 """
@@ -1598,6 +1625,18 @@ class JobRepository:
         row = await self._fetchrow(_GET, job_id, tenant)
         return None if row is None else (_to_view(row), row["lease_id"])
 
+    async def get_many(self, ids: Sequence[uuid.UUID]) -> list[JobView]:
+        """The views of the jobs of `ids` that exist, in no particular order (any tenant)."""
+        rows = await self._fetch(_GET_MANY, list(ids))
+        return [_to_view(row) for row in rows]
+
+    async def mark_awaited(self, job_id: uuid.UUID, tenant: str | None = None) -> JobView | None:
+        """Flag a live job (PENDING, SCHEDULED, PROCESSING) as awaited, so its settle notifies
+        `jobq_settled`; its view as flagged, or None when it is finished, missing, or (with a
+        `tenant`) another tenant's."""
+        row = await self._fetchrow(_MARK_AWAITED, job_id, tenant)
+        return None if row is None else _to_view(row)
+
     async def claim(
         self, queues: Sequence[str], worker: str, max_jobs: int, visibility_timeout: int
     ) -> list[Claimed]:
@@ -1735,18 +1774,24 @@ class JobRepository:
         ]
 
     async def heartbeat_many(
-        self, entries: Sequence[tuple[uuid.UUID, uuid.UUID, int, str]]
+        self,
+        entries: Sequence[tuple[uuid.UUID, uuid.UUID, int, str]],
+        progress: Mapping[uuid.UUID, ProgressReport] | None = None,
     ) -> list[Extended]:
         """For each `(id, receipt handle, visibility timeout, reason)` whose handle is current:
         extend the lease to that many seconds from now (capped at 12 h after the claim), or
-        release the job when it is 0, recording `released: <reason>` in its errors. One
-        statement; returns the jobs it changed."""
+        release the job when it is 0, recording `released: <reason>` in its errors; and store
+        the job's `progress` report, if it has one (`JobProgress`, with the attempt and the
+        time). One statement; returns the jobs it changed."""
+        reports = [progress.get(entry[0]) if progress else None for entry in entries]
         rows = await self._fetch(
             _HEARTBEAT,
             [entry[0] for entry in entries],
             [entry[1] for entry in entries],
             [entry[2] for entry in entries],
             [entry[3] for entry in entries],
+            [None if report is None else report.fraction for report in reports],
+            [None if report is None else report.message for report in reports],
         )
         return [
             Extended(

@@ -25,6 +25,7 @@ from common.contracts import (
     BATCH_MAX,
     ERROR_MAX_BYTES,
     LIST_PAGE_MAX_BYTES,
+    PROGRESS_MESSAGE_MAX_CHARS,
     REDRIVE_BATCH,
     RESULT_MAX_BYTES,
     AckEntry,
@@ -43,6 +44,7 @@ from common.contracts import (
     JobStatus,
     JobView,
     ListView,
+    ProgressReport,
     QueuesResponse,
     QueueState,
     TenantWeight,
@@ -65,6 +67,7 @@ from common.validation import check_payload
 from services.queue import retry
 from services.queue.depth import DepthCache, current_depth
 from services.queue.metrics import QueueMetrics
+from services.queue.outcomes import OutcomeWaiters
 from services.queue.repository import (
     Claimed,
     Extended,
@@ -156,6 +159,15 @@ def _refuse_late(deadline: float | None) -> None:
         raise DeadlineExceeded(_LATE)
 
 
+def _clean_progress(report: ProgressReport) -> ProgressReport:
+    """`report` with a storable message (NUL and lone surrogates replaced, at most
+    `PROGRESS_MESSAGE_MAX_CHARS` characters as decoded, so at most 4 bytes each in UTF-8)."""
+    if report.message is None:
+        return report
+    message = sanitize_text(report.message, 4 * PROGRESS_MESSAGE_MAX_CHARS)
+    return msgspec.structs.replace(report, message=message)
+
+
 def _distinct_ids(ids: Sequence[uuid.UUID], pointer: str = "/entries") -> None:
     if len(set(ids)) != len(ids):
         raise InvalidInput(
@@ -203,6 +215,7 @@ class QueueService:
         self._submits: Coalescer[tuple[EnqueueRequest, float], Submitted] = Coalescer(
             self._enqueue_batch, max_batch=BATCH_MAX, max_in_flight=2
         )
+        self._waiters = OutcomeWaiters(repository, hub, shutdown)
         self._limited: dict[str, tuple[str, ...]] = {}
         self._limited_read_at = -math.inf
         self._limited_lock = asyncio.Lock()
@@ -221,8 +234,9 @@ class QueueService:
         self._idle_rest: dict[str, tuple[tuple[int, int], float]] = {}
 
     async def aclose(self) -> None:
-        """Finish the group commits under way."""
+        """Finish the group commits and waiters' reads under way."""
         await self._submits.aclose()
+        await self._waiters.aclose()
 
     async def enqueue(self, request: EnqueueRequest, *, deadline: float | None = None) -> Submitted:
         """Create one job, or recognise a replay of one created before (see `enqueue_many`).
@@ -310,6 +324,13 @@ class QueueService:
         if found is None:
             raise JobNotFound(f"no job has id {job_id}")
         return found[0]
+
+    async def wait_for(self, job_id: uuid.UUID, tenant: str | None, within: float) -> JobView:
+        """The job's view once it is finished, or after `within` seconds (0: at once), woken
+        by its settle's notification (`services.queue.outcomes`); raises JobNotFound."""
+        if within <= 0:
+            return await self.get(job_id, tenant)
+        return await self._waiters.wait(job_id, tenant, within)
 
     async def list_jobs(
         self,
@@ -671,17 +692,21 @@ class QueueService:
                     "a reason is only given with a release (visibilityTimeout 0)",
                     errors=[{"pointer": where, "detail": "only with visibilityTimeout 0"}],
                 )
+        progress = {e.id: _clean_progress(e.progress) for e in entries if e.progress is not None}
         return await self._change_leases(
             [
                 (e.id, e.receipt_handle, e.visibility_timeout, e.reason or "requested")
                 for e in entries
-            ]
+            ],
+            progress,
         )
 
     async def _change_leases(
-        self, entries: Sequence[tuple[uuid.UUID, uuid.UUID, int, str]]
+        self,
+        entries: Sequence[tuple[uuid.UUID, uuid.UUID, int, str]],
+        progress: dict[uuid.UUID, ProgressReport] | None = None,
     ) -> BatchHeartbeatResponse:
-        changed = {job.id: job for job in await self._repository.heartbeat_many(entries)}
+        changed = {job.id: job for job in await self._repository.heartbeat_many(entries, progress)}
         reasons = {job_id: reason for job_id, _, _, reason in entries}
         self._record_releases([job for job in changed.values() if job.released], reasons)
         missing = {job_id for job_id, *_ in entries if job_id not in changed}

@@ -30,6 +30,7 @@ from tenacity import (
 
 from common.contracts import (
     ERROR_MAX_BYTES,
+    PROGRESS_MESSAGE_MAX_CHARS,
     RESULT_MAX_BYTES,
     AckEntry,
     ClaimResponse,
@@ -37,6 +38,7 @@ from common.contracts import (
     HeartbeatEntry,
     JobMessage,
     JobStatus,
+    ProgressReport,
 )
 from common.errors import JobqError, ServiceUnavailable, StaleReceiptHandle
 from common.logging import FailureRun, RepeatedEvents
@@ -61,6 +63,9 @@ _HEARTBEAT_TICK = 0.1
 """Seconds between looks for leases due to be extended (and acks waiting too long)."""
 _HEARTBEAT_RETRY = 1.0
 """Seconds before a failed heartbeat is tried again."""
+PROGRESS_INTERVAL = 2.0
+"""Seconds between two heartbeats of one job at least, when its processor reports progress:
+a report brings the job's next heartbeat forward to this long after its last one."""
 
 
 class Stop(enum.Enum):
@@ -82,9 +87,24 @@ class Running:
     claimed: float = field(default_factory=time.monotonic)
     next_heartbeat: float = 0.0
     holds_slot: bool = True
+    last_heartbeat: float = 0.0
+    progress: ProgressReport | None = None
+    """The latest progress report not sent yet (None: none)."""
 
     def __post_init__(self) -> None:
         self.next_heartbeat = self.claimed + _heartbeat_interval(self.job)
+        self.last_heartbeat = self.claimed
+
+    def report_progress(self, fraction: float, message: str | None) -> None:
+        """Keep the processor's latest report (`JobContext.progress` checked and clamped the
+        fraction) for the next heartbeat, and bring that heartbeat forward to at most
+        `PROGRESS_INTERVAL` seconds after the last one."""
+        if message is not None:
+            message = sanitize_text(
+                message[:PROGRESS_MESSAGE_MAX_CHARS], 4 * PROGRESS_MESSAGE_MAX_CHARS
+            )
+        self.progress = ProgressReport(fraction=fraction, message=message)
+        self.next_heartbeat = min(self.next_heartbeat, self.last_heartbeat + PROGRESS_INTERVAL)
 
     def interrupt(self, reason: Stop) -> None:
         """Stop the processor for `reason` (the first reason wins)."""
@@ -282,7 +302,7 @@ class Worker:
         if registration is None:
             outcome: Any = Failure(f"no processor for task type {job.task_type!r} on this worker")
         else:
-            running.task = asyncio.create_task(self._invoke(registration, job))
+            running.task = asyncio.create_task(self._invoke(registration, running))
             try:
                 outcome = await running.task
             except asyncio.CancelledError:
@@ -300,8 +320,9 @@ class Worker:
         else:
             await self._report_success(running, outcome, duration)
 
-    async def _invoke(self, registration: Registration, job: JobMessage) -> Any:
+    async def _invoke(self, registration: Registration, running: Running) -> Any:
         """Run the processor under its timeout; returns its result or a Failure."""
+        job = running.job
         timeout = registration.timeout(job.timeout_seconds, self._settings.worker_job_timeout)
         context = JobContext(
             id=job.id,
@@ -310,6 +331,7 @@ class Worker:
             attempt=job.attempts,
             max_attempts=job.max_attempts,
             idempotency_key=job.idempotency_key,
+            progress_sink=running.report_progress,
         )
         try:
             async with asyncio.timeout(timeout) as deadline:
@@ -340,9 +362,14 @@ class Worker:
         """Extend one lease (batched with the others due); stop the processor when the job was
         cancelled or the lease is lost."""
         job = running.job
+        progress = running.progress
         entry = HeartbeatEntry(
-            id=job.id, receipt_handle=job.receipt_handle, visibility_timeout=job.visibility_timeout
+            id=job.id,
+            receipt_handle=job.receipt_handle,
+            visibility_timeout=job.visibility_timeout,
+            progress=progress,
         )
+        running.last_heartbeat = time.monotonic()
         try:
             reply = await self._settler.heartbeat(entry)
         except StaleReceiptHandle:
@@ -357,6 +384,12 @@ class Worker:
             running.next_heartbeat = time.monotonic() + _HEARTBEAT_RETRY
             return
         running.next_heartbeat = time.monotonic() + _heartbeat_interval(job)
+        if running.progress is progress:
+            running.progress = None
+        else:  # a newer report came meanwhile: it rides the next heartbeat, brought forward
+            running.next_heartbeat = min(
+                running.next_heartbeat, running.last_heartbeat + PROGRESS_INTERVAL
+            )
         if reply.cancel_requested:
             running.interrupt(Stop.CANCEL_REQUESTED)
 
