@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,7 +105,7 @@ async def _latency(base: str, redis: str, waiters: int) -> dict[str, Any]:
     stack = LocalStack(
         url,
         redis,
-        ROOT / "logs" / "bench-waiters",
+        Path(tempfile.mkdtemp(prefix="jobq-bench-waiters-")),
         workers=0,
         producer_enabled=False,
         smtp_enabled=False,
