@@ -132,6 +132,23 @@ class SubmitJobRequest(_Wire):
     idempotency_key: IdempotencyKey | None = None
 
 
+TRACEPARENT_PATTERN = r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$"
+"""A W3C Trace Context `traceparent` of version 00, with a non-zero trace id and parent id."""
+TRACESTATE_MAX_CHARS = 512
+"""The longest `tracestate` a job keeps (W3C: 32 list members; vendors keep it short)."""
+
+
+class TraceContext(_Wire):
+    """The W3C Trace Context (`traceparent`, optional `tracestate`) of the span that submitted
+    a job: stored with the job, so each attempt's span can link to it
+    (docs/architecture.md#tracing)."""
+
+    traceparent: Annotated[str, Meta(pattern=TRACEPARENT_PATTERN)]
+    tracestate: (
+        Annotated[str, Meta(max_length=TRACESTATE_MAX_CHARS, pattern=r"^[\x20-\x7e]*$")] | None
+    ) = None
+
+
 class EnqueueRequest(SubmitJobRequest):
     """`POST /jobs` body on the queue service: the producer's request plus the id it minted
     and the tenant that owns the job (docs/architecture.md#tenants; default `default`).
@@ -140,6 +157,7 @@ class EnqueueRequest(SubmitJobRequest):
     """
 
     job_id: uuid.UUID | None = None
+    trace_context: TraceContext | None = None
     tenant: Annotated[
         str,
         Meta(
@@ -329,6 +347,7 @@ class JobMessage(_Wire):
     visibility_timeout: int
     visible_at: datetime
     idempotency_key: str | None
+    trace_context: TraceContext | None = None
 
 
 class ClaimResponse(_Wire, omit_defaults=True):

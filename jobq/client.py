@@ -51,6 +51,7 @@ from common.errors import (
     from_problem,
 )
 from jobq.request import SubmitOptions, build_request
+from jobq.tracecontext import add_caller_context
 
 T = TypeVar("T")
 
@@ -238,10 +239,14 @@ def _queue_call(queue: str, action: str) -> _Call[QueueState]:
 
 
 def _content(call: _Call[Any]) -> tuple[bytes | None, dict[str, str] | None]:
-    """The request's body and headers."""
+    """The request's body and headers (with the caller's trace context, when it traces:
+    `jobq.tracecontext`)."""
+    headers: dict[str, str] = {}
+    add_caller_context(headers)
     if call.body is None:
-        return None, None
-    return msgspec.json.encode(call.body), {"Content-Type": "application/json"}
+        return None, headers or None
+    headers["Content-Type"] = "application/json"
+    return msgspec.json.encode(call.body), headers
 
 
 def _transport_failure(method: str, exc: httpx.TransportError) -> JobqError:
@@ -458,7 +463,7 @@ class Client:
             except _CLOSED_UNANSWERED:
                 if method != "GET":
                     raise
-                response = self._http.request(method, path, params=params, **held)
+                response = self._http.request(method, path, headers=headers, params=params, **held)
         except httpx.TransportError as exc:
             raise _transport_failure(method, exc) from exc
         return _reply(call, response)
@@ -591,7 +596,9 @@ class AsyncClient:
             except _CLOSED_UNANSWERED:
                 if method != "GET":
                     raise
-                response = await self._http.request(method, path, params=params, **held)
+                response = await self._http.request(
+                    method, path, headers=headers, params=params, **held
+                )
         except httpx.TransportError as exc:
             raise _transport_failure(method, exc) from exc
         return _reply(call, response)

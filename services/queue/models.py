@@ -91,6 +91,8 @@ class Job(Base):
     result: Mapped[Any | None] = mapped_column(JSONB)
     # The latest progress its processor reported (common.contracts.JobProgress), or NULL.
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    # The submitting span's W3C trace context (common.contracts.TraceContext), or NULL.
+    trace_context: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     idempotency_key: Mapped[str | None] = mapped_column(Text)
     request_hash: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -69,10 +69,11 @@ INT_MAX = 2_147_483_647
 """Largest value of a PostgreSQL `integer`; counters stop there instead of overflowing."""
 
 
-class Claimed(msgspec.Struct, rename="camel", frozen=True):
+class Claimed(msgspec.Struct, rename="camel", frozen=True, omit_defaults=True):
     """A job one claim handed out, shaped as the `JobMessage` the worker receives: the payload
     is the JSON text PostgreSQL stored (`msgspec.Raw`), passed through to the worker without
-    being decoded and encoded again. `visibility_timeout` is in seconds."""
+    being decoded and encoded again. `visibility_timeout` is in seconds; `trace_context` is the
+    submit's (a `TraceContext`'s JSON as stored), left out when the job has none."""
 
     id: uuid.UUID
     task_type: str
@@ -84,6 +85,7 @@ class Claimed(msgspec.Struct, rename="camel", frozen=True):
     visibility_timeout: int
     visible_at: datetime
     idempotency_key: str | None
+    trace_context: msgspec.Raw | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,8 @@ class Settled:
     attempts: int = 0
     last_error: str | None = None
     end_to_end_seconds: float | None = None
+    trace_json: str | None = None
+    """The submit's trace context as stored (JSON text), for the settle span's link."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +300,7 @@ def _claimed_cte(worker: str, visibility: str, flow: str = "NULL::bigint") -> st
     RETURNING job.id, job.task_type, job.payload::text AS payload_json, job.attempts,
               job.max_attempts, job.timeout_seconds, job.lease_id, job.visible_at,
               job.idempotency_key, (SELECT rank FROM picked WHERE picked.id = job.id) AS rank,
-              job.queue, job.tenant, {flow} AS flow
+              job.queue, job.tenant, {flow} AS flow, job.trace_context::text AS trace_json
 )"""
 
 
@@ -379,10 +383,11 @@ def _claim_rows(shared: str, cursor: str = "NULL::text") -> str:
     for none)."""
     return f"""
 SELECT id, task_type, payload_json, attempts, max_attempts, timeout_seconds, lease_id,
-       visible_at, idempotency_key, rank, queue, tenant, flow, NULL::bool AS shared
+       visible_at, idempotency_key, rank, queue, tenant, flow, NULL::bool AS shared, trace_json
 FROM claimed
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, queue, {cursor}, NULL, shared
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, queue, {cursor}, NULL, shared,
+       NULL
 FROM {shared}"""
 
 
@@ -669,7 +674,7 @@ WITH control AS (
 )
 SELECT id, task_type, payload_json, attempts, max_attempts, timeout_seconds, lease_id,
        visible_at, idempotency_key, rank, queue, tenant, flow,
-       NULL::text AS held_by, NULL::float8 AS wait_seconds
+       NULL::text AS held_by, NULL::float8 AS wait_seconds, trace_json
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -680,7 +685,8 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
        CASE WHEN NOT held.waiting OR held.claimed >= $3 THEN NULL
             WHEN held.tokens_left < 1 THEN (1 - held.tokens_left) / (SELECT rate FROM control)
             ELSE (SELECT min((1 - buckets.tokens) / control.tenant_rate)
-                  FROM buckets, control WHERE buckets.tenant <> '' AND buckets.tokens < 1) END
+                  FROM buckets, control WHERE buckets.tenant <> '' AND buckets.tokens < 1) END,
+       NULL
 FROM room CROSS JOIN LATERAL (
     SELECT (SELECT count(*) FROM claimed) AS claimed, (SELECT count(*) FROM walked) AS walked,
            (SELECT n FROM pair_tokens) - (SELECT count(*) FROM claimed) AS tokens_left,
@@ -715,7 +721,8 @@ entries AS (
     WHERE job.id = ANY({ids}::uuid[]) AND job.id = entries.id
       AND job.lease_id = entries.receipt_handle AND job.status = 'PROCESSING'
     RETURNING job.id, job.queue, job.task_type, job.attempts,
-              EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end
+              EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end,
+              job.trace_context::text AS trace_json
 )"""
 
 _CLAIM = f"WITH {_CLAIM_WALK_CTES} {_CLAIM_WALK_ROWS}"
@@ -734,11 +741,11 @@ def _ack_and_claim(claim_ctes: str, claim_rows: str, recursive: str = "") -> str
 WITH {recursive}{_ACK_CTES.format(ids="$5", handles="$6", results="$7")}, {claim_ctes}
 SELECT true AS is_claim, id, task_type, payload_json, attempts, max_attempts, timeout_seconds,
        lease_id, visible_at, idempotency_key, rank, queue, tenant, flow, shared,
-       NULL::float8 AS end_to_end
+       NULL::float8 AS end_to_end, trace_json
 FROM ({claim_rows}) AS claim_rows
 UNION ALL
 SELECT false, id, task_type, NULL, attempts, NULL, NULL, NULL, NULL, NULL, NULL,
-       queue, NULL, NULL, NULL, end_to_end
+       queue, NULL, NULL, NULL, end_to_end, trace_json
 FROM acked
 """
 
@@ -887,7 +894,8 @@ UPDATE job SET
     locked_by = NULL,
     updated_at = statement_timestamp()
 FROM decided WHERE job.id = decided.id
-RETURNING job.id, job.queue, job.task_type, job.status, job.attempts, job.last_error
+RETURNING job.id, job.queue, job.task_type, job.status, job.attempts, job.last_error,
+          job.trace_context::text AS trace_json
 """
 
 _EXPIRY_OUTCOME = """(CASE WHEN job.cancel_requested THEN 'CANCELLED'
@@ -1345,6 +1353,10 @@ def _json_or_null(value: Any) -> str | None:
     return None if value is None else msgspec.json.encode(value).decode()
 
 
+def _raw_or_none(text: str | None) -> msgspec.Raw | None:
+    return None if text is None else msgspec.Raw(text.encode())
+
+
 def _claimed(rows: list[asyncpg.Record], visibility_timeout: int) -> list[Claimed]:
     """Claimed jobs from claim rows, in claim order (their `rank`)."""
     rows.sort(key=lambda r: r["rank"])
@@ -1360,6 +1372,7 @@ def _claimed(rows: list[asyncpg.Record], visibility_timeout: int) -> list[Claime
             visibility_timeout=visibility_timeout,
             visible_at=row["visible_at"],
             idempotency_key=row["idempotency_key"],
+            trace_context=_raw_or_none(row["trace_json"]),
         )
         for row in rows
     ]
@@ -1375,6 +1388,7 @@ def _completed(rows: list[asyncpg.Record]) -> list[Settled]:
             JobStatus.COMPLETED,
             attempts=r["attempts"],
             end_to_end_seconds=r["end_to_end"],
+            trace_json=r["trace_json"],
         )
         for r in rows
     ]
@@ -1769,6 +1783,7 @@ class JobRepository:
                 JobStatus(r["status"]),
                 attempts=r["attempts"],
                 last_error=r["last_error"],
+                trace_json=r["trace_json"],
             )
             for r in rows
         ]

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
+from opentelemetry import trace
 
 from common.coalesce import Coalescer
 from common.contracts import (
@@ -64,6 +65,7 @@ from common.ids import new_job_id
 from common.logging import RepeatedEvents
 from common.text import sanitize_result, sanitize_text
 from common.validation import check_payload
+from common.web import tracing
 from services.queue import retry
 from services.queue.depth import DepthCache, current_depth
 from services.queue.metrics import QueueMetrics
@@ -80,6 +82,7 @@ from services.queue.repository import (
     FailEntry as FailRow,
 )
 from services.queue.settings import QueueSettings
+from services.queue.tracing import claim_span, enqueue_span, settle_span
 from services.queue.wakeup import WakeupHub
 
 logger = logging.getLogger(__name__)
@@ -293,9 +296,15 @@ class QueueService:
                     outcomes[index] = exc
                     continue
             job_id = request.job_id or new_job_id()
-            rows[index] = job_row(request, job_id, default_attempts, request.tenant)
+            rows[index] = job_row(
+                request, job_id, default_attempts, request.tenant, request.trace_context
+            )
         _refuse_late(deadline)
-        inserted = await insert_jobs(self._repository, list(rows.values()))
+        if tracing.tracer is None:
+            inserted = await insert_jobs(self._repository, list(rows.values()))
+        else:
+            with enqueue_span(tracing.tracer, [requests[i] for i in rows]):
+                inserted = await insert_jobs(self._repository, list(rows.values()))
         counts: Counter[tuple[str, str, str]] = Counter()
         for (index, row), outcome in zip(rows.items(), inserted, strict=True):
             outcomes[index] = outcome
@@ -378,6 +387,7 @@ class QueueService:
         """
         visibility = request.visibility_timeout or self._settings.queue_visibility_timeout
         limited = await self._limited_task_types()
+        began = 0 if tracing.tracer is None else time.time_ns()
         if request.acks:
             if self._limited_may_wait(request.queues, limited):
                 # The acks first, so the slots they free count for this claim's limited jobs.
@@ -389,6 +399,8 @@ class QueueService:
                 jobs, acks = await self._ack_and_claim(request, visibility)
             if jobs:
                 self._metrics.claim_batch_size.observe(len(jobs))
+                if tracing.tracer is not None:
+                    claim_span(tracing.tracer, jobs, request.queues, request.worker, began)
             else:
                 self._metrics.empty_claims.inc()
             return jobs, acks
@@ -399,6 +411,8 @@ class QueueService:
             self._metrics.claim_duration.observe(time.perf_counter() - started)
             if jobs:
                 self._metrics.claim_batch_size.observe(len(jobs))
+                if tracing.tracer is not None:
+                    claim_span(tracing.tracer, jobs, request.queues, request.worker, began)
                 return jobs, []
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._shutdown.is_set():
@@ -899,6 +913,14 @@ class QueueService:
     def _record(self, settled: Sequence[Settled]) -> None:
         """Count settled attempts by outcome, observe end-to-end times, log retries (WARNING)
         and dead letters (ERROR), folded per task type (`common.logging.RepeatedEvents`)."""
+        if tracing.tracer is not None and settled:
+            # The span is current while the settles are logged: their lines carry its ids.
+            with trace.use_span(settle_span(tracing.tracer, settled), end_on_exit=True):
+                self._count_settled(settled)
+        else:
+            self._count_settled(settled)
+
+    def _count_settled(self, settled: Sequence[Settled]) -> None:
         counts: Counter[tuple[str, str, str]] = Counter()
         metrics = self._metrics
         # A batch's jobs share a few (queue, task type) pairs: their labels and end-to-end

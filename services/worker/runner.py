@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
+from opentelemetry import trace
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -43,10 +44,12 @@ from common.contracts import (
 from common.errors import JobqError, ServiceUnavailable, StaleReceiptHandle
 from common.logging import FailureRun, RepeatedEvents
 from common.text import sanitize_result, sanitize_text
+from common.web import tracing
 from jobq.processors import JobContext, NonRetryable, ProcessorRegistry, Registration, Retry
 from services.worker.client import QueueClient, Settler
 from services.worker.metrics import WorkerMetrics
 from services.worker.settings import WorkerSettings
+from services.worker.tracing import end_attempt, start_attempt
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,6 +91,8 @@ class Running:
     next_heartbeat: float = 0.0
     holds_slot: bool = True
     last_heartbeat: float = 0.0
+    span: Any = None
+    """The attempt's span when tracing is on (`services.worker.tracing`), else None."""
     progress: ProgressReport | None = None
     """The latest progress report not sent yet (None: none)."""
 
@@ -302,6 +307,8 @@ class Worker:
         if registration is None:
             outcome: Any = Failure(f"no processor for task type {job.task_type!r} on this worker")
         else:
+            if tracing.tracer is not None:
+                running.span = start_attempt(tracing.tracer, job, self._settings.worker_name)
             running.task = asyncio.create_task(self._invoke(registration, running))
             try:
                 outcome = await running.task
@@ -311,6 +318,8 @@ class Worker:
                 outcome = running.stop
             finally:
                 running.task = None
+        if running.span is not None:
+            _end_span(running.span, outcome)
         self._free_slot(running)
         duration = time.monotonic() - started
         if isinstance(outcome, Stop):
@@ -335,7 +344,10 @@ class Worker:
         )
         try:
             async with asyncio.timeout(timeout) as deadline:
-                return await registration.processor(context)
+                if running.span is None:
+                    return await registration.processor(context)
+                with trace.use_span(running.span, end_on_exit=False):
+                    return await registration.processor(context)
         except TimeoutError:
             if deadline.expired():
                 return Failure(f"timed out after {timeout:g}s (timeoutSeconds)")
@@ -528,6 +540,16 @@ class Worker:
             why,
             extra={"event": "lease_lost", "job_id": str(job.id)},
         )
+
+
+def _end_span(span: Any, outcome: Any) -> None:
+    """End an attempt's span with what the processor's run came to."""
+    if isinstance(outcome, Stop):
+        end_attempt(span, outcome.value)
+    elif isinstance(outcome, Failure):
+        end_attempt(span, "failed", outcome.error)
+    else:
+        end_attempt(span, "succeeded")
 
 
 def storable(result: Any) -> Any:
