@@ -161,7 +161,7 @@ bench-waiters: install ## 500 waiters (waitSeconds=20): settle → answer latenc
 BEFORE ?=
 COMPARE_ARGS ?=
 .PHONY: bench-compare
-bench-compare: install ## Burn-down and submits of BEFORE=<rev> and this checkout side by side (COMPARE_ARGS="--tenants 20", "--limit-other")
+bench-compare: install ## Burn-down and submits of BEFORE=<rev> and this checkout side by side (COMPARE_ARGS="--tenants 20", "--limit-other", "--after-tracing")
 	@test -n "$(BEFORE)" || { echo "usage: make bench-compare BEFORE=<commit> [COMPARE_ARGS=...]"; exit 2; }
 	$(BIN)/python -m benchmark.compare --before $(BEFORE) $(COMPARE_ARGS)
 
