@@ -132,8 +132,9 @@ class SubmitJobRequest(_Wire):
     idempotency_key: IdempotencyKey | None = None
 
 
-TRACEPARENT_PATTERN = r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$"
-"""A W3C Trace Context `traceparent` of version 00, with a non-zero trace id and parent id."""
+TRACEPARENT_PATTERN = r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$(?!\n)"
+"""A W3C Trace Context `traceparent` of version 00, with a non-zero trace id and parent id
+(the final lookahead because Python's `$` also matches before a final newline)."""
 TRACESTATE_MAX_CHARS = 512
 """The longest `tracestate` a job keeps (W3C: 32 list members; vendors keep it short)."""
 
@@ -145,7 +146,8 @@ class TraceContext(_Wire):
 
     traceparent: Annotated[str, Meta(pattern=TRACEPARENT_PATTERN)]
     tracestate: (
-        Annotated[str, Meta(max_length=TRACESTATE_MAX_CHARS, pattern=r"^[\x20-\x7e]*$")] | None
+        Annotated[str, Meta(max_length=TRACESTATE_MAX_CHARS, pattern=r"^[\x20-\x7e]*$(?!\n)")]
+        | None
     ) = None
 
 
