@@ -180,10 +180,14 @@ bench-autoscale: install tools ## KEDA scaling simulation (~7 min): bursty trace
 bench-console: install ## The console's overview (100 queues) and jobs page (100 rows) with 1,000,000 finished jobs: p50/p95 JSON in benchmark/results
 	$(BIN)/python -m benchmark.console
 
+.PHONY: bench-waiters
+bench-waiters: install ## 500 waiters (waitSeconds=20): settle → answer latency, idle CPU, the settle trigger's cost; JSON in benchmark/results
+	$(BIN)/python -m benchmark.waiters
+
 BEFORE ?=
 COMPARE_ARGS ?=
 .PHONY: bench-compare
-bench-compare: install ## Burn-down and submits of BEFORE=<rev> and this checkout side by side (COMPARE_ARGS="--tenants 20", "--limit-other")
+bench-compare: install ## Burn-down and submits of BEFORE=<rev> and this checkout side by side (COMPARE_ARGS="--tenants 20", "--limit-other", "--after-tracing")
 	@test -n "$(BEFORE)" || { echo "usage: make bench-compare BEFORE=<commit> [COMPARE_ARGS=...]"; exit 2; }
 	$(BIN)/python -m benchmark.compare --before $(BEFORE) $(COMPARE_ARGS)
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+from aiohttp import web
 
 from benchmark import burndown, ingest
 from benchmark.context import Context, stack_pids
@@ -71,12 +72,18 @@ def checkout(revision: str) -> Path:
 
 
 async def _burn(
-    ctx: Context, side: str, root: Path, jobs: int, tenants: int, limit_other: bool
+    ctx: Context,
+    side: str,
+    root: Path,
+    jobs: int,
+    tenants: int,
+    limit_other: bool,
+    environment: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     url = await ctx.database(f"compare_burn_{side}", root=root)
     stack = LocalStack(
         url, ctx.redis_url, ctx.logs / f"burn-{side}", workers=DEFAULT_SHAPE.replicas,
-        producer_enabled=False, smtp_enabled=False, root=root,
+        producer_enabled=False, smtp_enabled=False, root=root, environment=environment or {},
     )  # fmt: skip
     await stack.start(workers=0)
     connection = await asyncpg.connect(url)
@@ -137,13 +144,18 @@ async def _jobs_per_claim(queue_url: str) -> float | None:
 
 
 async def _ingest(
-    ctx: Context, side: str, root: Path, rates: list[int], seconds: int
+    ctx: Context,
+    side: str,
+    root: Path,
+    rates: list[int],
+    seconds: int,
+    environment: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     key = secrets.token_urlsafe(24)
     url = await ctx.database(f"compare_ingest_{side}", root=root)
     stack = LocalStack(
         url, ctx.redis_url, ctx.logs / f"ingest-{side}", smtp_enabled=False, root=root,
-        environment={"JOBQ_API_KEYS": f"submit:{key}"},
+        environment={"JOBQ_API_KEYS": f"submit:{key}", **(environment or {})},
     )  # fmt: skip
     await stack.start()
     try:
@@ -219,8 +231,11 @@ async def compare(
     seconds: int,
     tenants: int = 1,
     limit_other: bool = False,
+    after_tracing: bool = False,
 ) -> dict[str, Any]:
-    """Run the alternating rounds; the result document (see the module docstring)."""
+    """Run the alternating rounds; the result document (see the module docstring). With
+    `after_tracing`, this checkout's processes trace every job (OTLP/HTTP, 100 % sampling) to
+    a sink in this process that accepts and discards the spans."""
     roots = {"before": checkout(revision), "after": ROOT}
     progress = Progress(total=rounds * 2)
     logs = Path(tempfile.mkdtemp(prefix="jobq-compare-"))
@@ -228,6 +243,14 @@ async def compare(
     started, load_start = datetime.now(UTC), load_average()
     await ctx.setup()
     results: list[dict[str, Any]] = []
+    sink = await _span_sink() if after_tracing else None
+    environments: dict[str, dict[str, str]] = {"before": {}, "after": {}}
+    if sink is not None:
+        environments["after"] = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink[1],
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_TRACES_SAMPLER": "always_on",
+        }
     try:
         for round_ in range(rounds):
             entry: dict[str, Any] = {}
@@ -235,13 +258,16 @@ async def compare(
             order = ("before", "after") if round_ % 2 == 0 else ("after", "before")
             for side in order:
                 progress.phase(f"round {round_ + 1}/{rounds}: {side}")
+                env = environments[side]
                 entry[side] = {
-                    "burn": await _burn(ctx, side, roots[side], jobs, tenants, limit_other),
-                    "ingest": await _ingest(ctx, side, roots[side], rates, seconds),
+                    "burn": await _burn(ctx, side, roots[side], jobs, tenants, limit_other, env),
+                    "ingest": await _ingest(ctx, side, roots[side], rates, seconds, env),
                 }
             results.append(entry)
     finally:
         await ctx.cleanup()
+        if sink is not None:
+            await sink[0].cleanup()
     for entry in results:
         for side in entry.values():
             side["burn"].pop("usage", None)
@@ -261,10 +287,29 @@ async def compare(
             "seconds": seconds,
             "tenants": tenants,
             "limit_other": limit_other,
+            "after_tracing": after_tracing,
         },
         "rounds": results,
         "summary": _summary(results, rates),
     }
+
+
+async def _span_sink() -> tuple[web.AppRunner, str]:
+    """An OTLP/HTTP endpoint on loopback that answers every export 200 and keeps nothing (what
+    a collector costs the services, without a collector's own CPU); its runner and URL."""
+
+    async def accept(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(content_type="application/x-protobuf")
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_post("/v1/traces", accept)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
 
 
 def _head() -> str:
@@ -320,6 +365,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="a concurrency limit on a task type the burn-down has no job of (where known)",
     )
+    parser.add_argument(
+        "--after-tracing",
+        action="store_true",
+        help="this checkout traces every job (OTLP/HTTP to a discarding sink, 100 %% sampled)",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.tenants <= 100:
         parser.error("--tenants must be 1 to 100")
@@ -333,6 +383,7 @@ def main(argv: list[str] | None = None) -> None:
             args.seconds,
             args.tenants,
             args.limit_other,
+            args.after_tracing,
         )
     )
     RESULTS.mkdir(parents=True, exist_ok=True)

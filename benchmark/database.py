@@ -97,6 +97,31 @@ def job_rows(
     return [dataclasses.replace(template, id=new_job_id()) for _ in range(count)]
 
 
+def _without_trace_context(statement: str) -> str:
+    """The enqueue statement as a revision before `job.trace_context` wrote it (bench-compare
+    fills an earlier revision's database with this checkout's code)."""
+    parts = (", trace_context jsonb)", ", trace_context)", ",\n           trace_context\n")
+    replacements = (")", ")", "\n")
+    for part, replacement in zip(parts, replacements, strict=True):
+        if part not in statement:
+            raise RuntimeError(f"the enqueue statement changed: {part!r} not found")
+        statement = statement.replace(part, replacement)
+    return statement
+
+
+ENQUEUE_PREVIOUS = _without_trace_context(ENQUEUE_ASYNCPG)
+
+
+async def _enqueue_statement(connection: asyncpg.Connection) -> str:
+    """This checkout's enqueue statement, or the previous one for a database without
+    `job.trace_context`."""
+    traced = await connection.fetchval(
+        "SELECT EXISTS (SELECT FROM information_schema.columns"
+        " WHERE table_name = 'job' AND column_name = 'trace_context')"
+    )
+    return ENQUEUE_ASYNCPG if traced else ENQUEUE_PREVIOUS
+
+
 async def insert_jobs(
     connection: asyncpg.Connection,
     count: int,
@@ -107,9 +132,10 @@ async def insert_jobs(
 ) -> None:
     """Insert `count` jobs with the shared enqueue statement, `INSERT_BATCH` per statement
     (each batch its own transaction, as a producer's batches would be)."""
+    statement = await _enqueue_statement(connection)
     for start in range(0, count, INSERT_BATCH):
         rows = job_rows(min(INSERT_BATCH, count - start), task_type, payload, queue, delay)
-        await connection.fetch(ENQUEUE_ASYNCPG, encode_rows(rows))
+        await connection.fetch(statement, encode_rows(rows))
 
 
 async def reset_jobs(connection: asyncpg.Connection) -> None:

@@ -37,6 +37,7 @@ REQUEST_BODY_MAX_BYTES = 8 * 1024 * 1024
 ERROR_MAX_BYTES = 8 * 1024
 RESULT_MAX_BYTES = 256 * 1024
 ERRORS_HISTORY_MAX = 10
+PROGRESS_MESSAGE_MAX_CHARS = 200
 WORKER_NAME_MAX = 200
 REDRIVE_LIMIT_MAX = 10_000_000
 BATCH_MAX = 500
@@ -131,6 +132,25 @@ class SubmitJobRequest(_Wire):
     idempotency_key: IdempotencyKey | None = None
 
 
+TRACEPARENT_PATTERN = r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$(?!\n)"
+"""A W3C Trace Context `traceparent` of version 00, with a non-zero trace id and parent id
+(the final lookahead because Python's `$` also matches before a final newline)."""
+TRACESTATE_MAX_CHARS = 512
+"""The longest `tracestate` a job keeps (W3C: 32 list members; vendors keep it short)."""
+
+
+class TraceContext(_Wire):
+    """The W3C Trace Context (`traceparent`, optional `tracestate`) of the span that submitted
+    a job: stored with the job, so each attempt's span can link to it
+    (docs/architecture.md#tracing)."""
+
+    traceparent: Annotated[str, Meta(pattern=TRACEPARENT_PATTERN)]
+    tracestate: (
+        Annotated[str, Meta(max_length=TRACESTATE_MAX_CHARS, pattern=r"^[\x20-\x7e]*$(?!\n)")]
+        | None
+    ) = None
+
+
 class EnqueueRequest(SubmitJobRequest):
     """`POST /jobs` body on the queue service: the producer's request plus the id it minted
     and the tenant that owns the job (docs/architecture.md#tenants; default `default`).
@@ -139,6 +159,7 @@ class EnqueueRequest(SubmitJobRequest):
     """
 
     job_id: uuid.UUID | None = None
+    trace_context: TraceContext | None = None
     tenant: Annotated[
         str,
         Meta(
@@ -197,6 +218,17 @@ class ErrorEntry(_Wire):
     error: str
 
 
+class JobProgress(_Wire):
+    """The latest progress a job's processor reported: `fraction` done (0 to 1), its message,
+    the `attempt` that reported it, and when (the database's clock). Kept when the job
+    finishes (how far a failed attempt got); cleared by a retry or redrive."""
+
+    fraction: float
+    message: str | None
+    attempt: int
+    at: datetime
+
+
 class JobView(_Wire):
     """Everything known about a job, as `GET /jobs/{id}` returns it."""
 
@@ -222,6 +254,7 @@ class JobView(_Wire):
     claimed_at: datetime | None
     finished_at: datetime | None
     cancel_requested: bool
+    progress: JobProgress | None = None
 
 
 ListView = Literal["summary", "full"]
@@ -318,6 +351,7 @@ class JobMessage(_Wire):
     visibility_timeout: int
     visible_at: datetime
     idempotency_key: str | None
+    trace_context: TraceContext | None = None
 
 
 class ClaimResponse(_Wire, omit_defaults=True):
@@ -411,13 +445,25 @@ class BatchFailResponse(_Wire):
     results: list[FailResult]
 
 
+class ProgressReport(_Wire):
+    """How far a running job has got, as its worker reports it with a heartbeat: the
+    `fraction` done (0 to 1) and an optional short `message` (at most
+    `PROGRESS_MESSAGE_MAX_CHARS` characters), as BullMQ's `job.updateProgress` and Celery's
+    `update_state(meta=…)` report it."""
+
+    fraction: Annotated[float, Meta(ge=0, le=1)]
+    message: Annotated[str, Meta(max_length=PROGRESS_MESSAGE_MAX_CHARS)] | None = None
+
+
 class HeartbeatEntry(_Wire):
-    """One lease change of a batch: like `HeartbeatRequest`, with the job's id."""
+    """One lease change of a batch: like `HeartbeatRequest`, with the job's id, and the
+    job's latest `progress` when its processor reported any since the last heartbeat."""
 
     id: uuid.UUID
     receipt_handle: uuid.UUID
     visibility_timeout: HeartbeatVisibilityTimeout
     reason: ReleaseReason | None = None
+    progress: ProgressReport | None = None
 
 
 class BatchHeartbeatRequest(_Wire):

@@ -22,30 +22,35 @@ from typing import Any, Protocol
 
 import msgspec
 
-from common.contracts import JobStatus, SubmitJobRequest, SubmitJobResponse
+from common.contracts import JobStatus, SubmitJobRequest, SubmitJobResponse, TraceContext
 from common.errors import IdempotencyConflict, JobqError, ServiceUnavailable
 from common.hashing import request_hash
 
 WAKEUP_CHANNEL = "jobq_ready"
 """LISTEN/NOTIFY channel; the payload is `<queue>:<number of jobs made ready>`."""
 
+SETTLED_CHANNEL = "jobq_settled"
+"""LISTEN/NOTIFY channel of settles somebody waits for; the payload is the job's id. Sent by
+the trigger `job_settled_awaited` only for jobs whose `awaited` flag a waiter set."""
+
 _ENQUEUE = """
 WITH incoming AS (
     SELECT * FROM jsonb_to_recordset(CAST(CAST({rows} AS text) AS jsonb)) AS j(
         id uuid, queue text, task_type text, payload jsonb, priority int, delay float8,
         max_attempts int, timeout_seconds int, idempotency_key text, request_hash text,
-        tenant text)
+        tenant text, trace_context jsonb)
 ), inserted AS (
     INSERT INTO job (id, tenant, queue, task_type, payload, status, priority, max_attempts,
                      timeout_seconds, visible_at, ready_at, idempotency_key, request_hash,
-                     created_at, updated_at)
+                     created_at, updated_at, trace_context)
     SELECT id, COALESCE(tenant, 'default'), queue, task_type, payload,
            CASE WHEN delay > 0 THEN 'SCHEDULED' ELSE 'PENDING' END,
            priority, max_attempts, timeout_seconds,
            statement_timestamp() + make_interval(secs => delay),
            -- A delayed job's ready time is set again when it is promoted.
            statement_timestamp() + make_interval(secs => delay),
-           idempotency_key, request_hash, statement_timestamp(), statement_timestamp()
+           idempotency_key, request_hash, statement_timestamp(), statement_timestamp(),
+           trace_context
     FROM incoming
     -- One global order for the unique-index entries: concurrent batches sharing keys then
     -- wait for each other instead of deadlocking.
@@ -98,6 +103,7 @@ class JobRow:
     idempotency_key: str | None
     request_hash: str
     tenant: str = "default"
+    trace_context: TraceContext | None = None
 
 
 def job_row(
@@ -105,9 +111,11 @@ def job_row(
     job_id: uuid.UUID,
     default_max_attempts: int,
     tenant: str = "default",
+    trace_context: TraceContext | None = None,
 ) -> JobRow:
-    """The row for a validated request, owned by `tenant`; `default_max_attempts` fills an
-    omitted maxAttempts (the hash still treats it as omitted)."""
+    """The row for a validated request, owned by `tenant`, carrying the submitting span's
+    `trace_context`; `default_max_attempts` fills an omitted maxAttempts (the hash still
+    treats it as omitted, and never includes the trace context)."""
     return JobRow(
         id=job_id,
         queue=request.queue,
@@ -120,6 +128,7 @@ def job_row(
         idempotency_key=request.idempotency_key,
         request_hash=request_hash(request),
         tenant=tenant,
+        trace_context=trace_context,
     )
 
 

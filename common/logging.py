@@ -20,6 +20,10 @@ from typing import Any
 
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
 
+span_ids: Callable[[], dict[str, str] | None] | None = None
+"""Set by `common.web.tracing.setup_tracing` when tracing is on: the current span's `trace_id` and
+`span_id`, which every log line then carries. None (the default): no lookup at all."""
+
 
 class JsonFormatter(logging.Formatter):
     """Format a record as one JSON object: time, level, logger, event, message and extras."""
@@ -32,6 +36,8 @@ class JsonFormatter(logging.Formatter):
             "event": getattr(record, "event", record.name),
             "message": record.getMessage(),
         }
+        if span_ids is not None:
+            entry.update(span_ids() or {})
         for key, value in record.__dict__.items():
             if key not in _RESERVED and key not in entry:
                 entry[key] = value

@@ -39,6 +39,7 @@ import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from common.contracts import (
     BATCH_MAX,
@@ -442,19 +443,31 @@ def _job_id(value: str) -> uuid.UUID:
 
 @cli.command()
 @click.argument("job_id")
-def get(job_id: str) -> None:
-    """Show one job: its fields, payload, result and error history."""
+@click.option(
+    "--wait",
+    type=click.FloatRange(0),
+    default=0,
+    metavar="SECONDS",
+    help="Wait up to this long for the job to finish (COMPLETED, DEAD_LETTER, CANCELLED).",
+)
+def get(job_id: str, wait: float) -> None:
+    """Show one job: its fields, progress, payload, result and error history."""
     settings = _settings()
     with settings.client() as client:
-        view = client.get(_job_id(job_id))
+        view = client.wait(_job_id(job_id), timeout=wait) if wait else client.get(_job_id(job_id))
     if settings.as_json:
         settings.emit(view)
         return
     table = Table(show_header=False, box=None)
     for name, value in msgspec.structs.asdict(view).items():
-        if name in {"payload", "result", "errors"}:
+        if name in {"payload", "result", "errors", "progress"}:
             continue
         table.add_row(name, "" if value is None else str(value))
+    if view.progress is not None:
+        done = view.progress
+        message = f" {done.message}" if done.message else ""
+        shown = f"{done.fraction:.0%}{message} (attempt {done.attempt}, {done.at})"
+        table.add_row("progress", Text(shown))  # the processor's text, not rich markup
     settings.out.print(table)
     settings.out.print("payload", style="bold")
     settings.out.print_json(data=view.payload)

@@ -11,6 +11,7 @@ again with that same key, so a retry of one that was in fact created is a replay
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import re
 import time
@@ -26,7 +27,9 @@ import msgspec
 
 from common.contracts import (
     CLIENT_IDLE_SECONDS,
+    FINISHED_STATUSES,
     NAME_PATTERN,
+    WAIT_SECONDS_MAX,
     BatchSubmitRequest,
     BatchSubmitResponse,
     JobList,
@@ -59,6 +62,7 @@ from common.operations import (
     WorkersResponse,
 )
 from jobq.request import SubmitOptions, build_request
+from jobq.tracecontext import add_caller_context
 
 T = TypeVar("T")
 
@@ -125,8 +129,9 @@ _DOC = """Talk to a jobq producer: `{name}("http://127.0.0.1:8080", api_key=…)
 @dataclass(frozen=True, slots=True)
 class _Call(Generic[T]):
     """One request of the producer API: `method`, `path`, the JSON `body` (None: none), the
-    query `params`, the type its reply decodes to (`reply`), and for a submit the idempotency
-    key it carries (`key`, reported by OutcomeUnknown)."""
+    query `params`, the type its reply decodes to (`reply`), for a submit the idempotency
+    key it carries (`key`, reported by OutcomeUnknown), and the seconds the producer may hold
+    it on purpose (`held`, a waiting read's `waitSeconds`), added to the client's timeout."""
 
     method: str
     path: str
@@ -134,6 +139,7 @@ class _Call(Generic[T]):
     body: Any = None
     params: dict[str, Any] | None = None
     key: str | None = None
+    held: float = 0
 
 
 def _submit_call(
@@ -211,6 +217,33 @@ def _job_call(job_id: uuid.UUID | str, action: str = "") -> _Call[JobView]:
     return _Call("GET", f"/jobs/{job_id}", JobView)
 
 
+def _wait_deadline(timeout: float) -> float:
+    """The `time.monotonic()` by which `wait` answers; raises InvalidInput, sending nothing,
+    for a timeout that is not a number of seconds >= 0."""
+    if not isinstance(timeout, int | float) or not 0 <= timeout < math.inf:
+        raise InvalidInput(
+            f"timeout must be a number of seconds >= 0, not {timeout!r}",
+            errors=[{"pointer": "timeout", "detail": "not a number of seconds >= 0"}],
+        )
+    return time.monotonic() + timeout
+
+
+def _wait_call(job_id: uuid.UUID | str, deadline: float) -> _Call[JobView]:
+    """`GET /jobs/{id}?waitSeconds=N`, N the seconds left until `deadline` (monotonic), at
+    most the producer's bound; without the parameter when none are left."""
+    left = min(float(WAIT_SECONDS_MAX), deadline - time.monotonic())
+    if left <= 0:
+        return _job_call(job_id)
+    return _Call(
+        "GET", f"/jobs/{job_id}", JobView, params={"waitSeconds": f"{left:.3f}"}, held=left
+    )
+
+
+def _waited(view: JobView, deadline: float) -> bool:
+    """Whether `wait` answers with `view`: the job is finished, or the time is up."""
+    return view.status in FINISHED_STATUSES or time.monotonic() >= deadline
+
+
 def _queue_call(queue: str, action: str) -> _Call[QueueState]:
     """`POST /queues/{queue}/{action}` (pause, resume)."""
     return _Call("POST", f"/queues/{_segment(queue)}/{action}", QueueState)
@@ -259,10 +292,14 @@ def _delete_call(job_id: uuid.UUID | str) -> _Call[None]:
 
 
 def _content(call: _Call[Any]) -> tuple[bytes | None, dict[str, str] | None]:
-    """The request's body and headers."""
+    """The request's body and headers (with the caller's trace context, when it traces:
+    `jobq.tracecontext`)."""
+    headers: dict[str, str] = {}
+    add_caller_context(headers)
     if call.body is None:
-        return None, None
-    return msgspec.json.encode(call.body), {"Content-Type": "application/json"}
+        return None, headers or None
+    headers["Content-Type"] = "application/json"
+    return msgspec.json.encode(call.body), headers
 
 
 def _transport_failure(method: str, exc: httpx.TransportError) -> JobqError:
@@ -349,6 +386,7 @@ class Client:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._submit_retries = submit_retries
+        self._timeout = timeout
         self._http = httpx.Client(
             **_http_options(base_url, api_key, timeout),
             transport=transport or _transport(httpx.HTTPTransport, retries),
@@ -389,6 +427,17 @@ class Client:
     def get(self, job_id: uuid.UUID | str) -> JobView:
         """The job's current view."""
         return self._call(_job_call(job_id))
+
+    def wait(self, job_id: uuid.UUID | str, *, timeout: float = 60.0) -> JobView:
+        """The job's view once it is COMPLETED, DEAD_LETTER or CANCELLED, or when `timeout`
+        seconds passed (then as it is): long-polling reads (`waitSeconds`, up to 20 s each),
+        answered by the producer as soon as the job settles. Raises JobNotFound, and
+        InvalidInput for a negative timeout."""
+        deadline = _wait_deadline(timeout)
+        while True:
+            view = self._call(_wait_call(job_id, deadline))
+            if _waited(view, deadline):
+                return view
 
     def list(
         self,
@@ -510,15 +559,16 @@ class Client:
     def _call(self, call: _Call[T]) -> T:
         content, headers = _content(call)
         method, path, params = call.method, call.path, call.params
+        held = _held(call, self._timeout)
         try:
             try:
                 response = self._http.request(
-                    method, path, content=content, headers=headers, params=params
+                    method, path, content=content, headers=headers, params=params, **held
                 )
             except _CLOSED_UNANSWERED:
                 if method != "GET":
                     raise
-                response = self._http.request(method, path, params=params)
+                response = self._http.request(method, path, headers=headers, params=params, **held)
         except httpx.TransportError as exc:
             raise _transport_failure(method, exc) from exc
         return _reply(call, response)
@@ -540,6 +590,7 @@ class AsyncClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._submit_retries = submit_retries
+        self._timeout = timeout
         self._http = httpx.AsyncClient(
             **_http_options(base_url, api_key, timeout),
             transport=transport or _transport(httpx.AsyncHTTPTransport, retries),
@@ -573,6 +624,19 @@ class AsyncClient:
     async def get(self, job_id: uuid.UUID | str) -> JobView:
         """As `Client.get`."""
         return await self._call(_job_call(job_id))
+
+    async def wait(
+        self,
+        job_id: uuid.UUID | str,
+        *,
+        timeout: float = 60.0,  # noqa: ASYNC109 (the same signature as Client.wait)
+    ) -> JobView:
+        """As `Client.wait`."""
+        deadline = _wait_deadline(timeout)
+        while True:
+            view = await self._call(_wait_call(job_id, deadline))
+            if _waited(view, deadline):
+                return view
 
     async def list(
         self,
@@ -676,18 +740,27 @@ class AsyncClient:
     async def _call(self, call: _Call[T]) -> T:
         content, headers = _content(call)
         method, path, params = call.method, call.path, call.params
+        held = _held(call, self._timeout)
         try:
             try:
                 response = await self._http.request(
-                    method, path, content=content, headers=headers, params=params
+                    method, path, content=content, headers=headers, params=params, **held
                 )
             except _CLOSED_UNANSWERED:
                 if method != "GET":
                     raise
-                response = await self._http.request(method, path, params=params)
+                response = await self._http.request(
+                    method, path, headers=headers, params=params, **held
+                )
         except httpx.TransportError as exc:
             raise _transport_failure(method, exc) from exc
         return _reply(call, response)
+
+
+def _held(call: _Call[Any], timeout: float) -> dict[str, Any]:
+    """httpx's per-request `timeout` for a call the producer holds on purpose (its `held`
+    seconds more than the client's own timeout); none for any other call."""
+    return {"timeout": timeout + call.held} if call.held else {}
 
 
 def _pause(attempt: int, exc: JobqError) -> float:

@@ -27,6 +27,7 @@ from common.enqueue import insert_jobs, job_row
 from common.errors import InvalidInput, JobqError
 from common.ids import new_job_id
 from jobq.request import SubmitOptions, build_request
+from jobq.tracecontext import caller_trace_context
 
 
 async def enqueue(
@@ -48,6 +49,8 @@ async def enqueue(
     producer would refuse, IdempotencyConflict when the key belongs to a different request,
     ServiceUnavailable when the job it collided with kept vanishing (retry), TypeError for a
     connection of another kind. The same path as the queue service's (`common.enqueue`).
+    With OpenTelemetry in the application, the job stores the current span's W3C context,
+    which its attempts' spans link to (`jobq.tracecontext`).
     """
     request = build_request(task_type, payload, **options)
     if not MAX_ATTEMPTS_MIN <= default_max_attempts <= MAX_ATTEMPTS_MAX:
@@ -65,7 +68,7 @@ async def enqueue(
             f"tenant {tenant!r} is not a name like a queue's",
             errors=[{"pointer": "tenant", "detail": f"must match {NAME_PATTERN}"}],
         )
-    row = job_row(request, new_job_id(), default_max_attempts, tenant)
+    row = job_row(request, new_job_id(), default_max_attempts, tenant, caller_trace_context())
     [outcome] = await insert_jobs(executor_for(connection), [row])
     if isinstance(outcome, JobqError):
         raise outcome

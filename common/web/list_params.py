@@ -15,6 +15,7 @@ from common.contracts import (
     LIST_LIMIT_MAX,
     LIST_PAGE_MAX_BYTES,
     NAME_PATTERN,
+    WAIT_SECONDS_MAX,
     JobStatus,
     ListView,
 )
@@ -70,6 +71,21 @@ TenantScope = Annotated[
 ]
 """The queue service's tenant scope (docs/architecture.md#tenants), on every route that reads
 or changes jobs by id or filter."""
+
+WaitSeconds = Annotated[
+    float,
+    QueryParameter(
+        name="waitSeconds",
+        ge=0,
+        le=WAIT_SECONDS_MAX,
+        description=f"Wait up to this many seconds (0 to {WAIT_SECONDS_MAX}, like the claim's "
+        "long poll; default 0: answer at once) for the job to be COMPLETED, DEAD_LETTER or "
+        "CANCELLED; the answer comes as soon as it is, or with the job as it is when the time "
+        "is up.",
+    ),
+]
+"""`GET /jobs/{id}?waitSeconds=N` on both services
+(docs/architecture.md#waiting-for-the-outcome)."""
 
 LIST_PARAMETERS = frozenset(
     {"status", "queue", "taskType", "idempotencyKey", "cursor", "limit", "view", "tenant"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from common.logging import configure_logging
+from common.web import tracing
 from common.web.access import refuse_open_access
 from common.web.serving import serve
 from common.web.settings import load_settings
@@ -15,6 +16,7 @@ def main() -> None:
     draining in-flight requests for up to `PRODUCER_SHUTDOWN_GRACE` seconds."""
     settings = load_settings(ProducerSettings)
     configure_logging(settings.log_level, settings.log_format)
+    tracing.start("jobq-producer")
     refuse_open_access(
         "producer",
         settings.producer_host,

@@ -31,6 +31,7 @@ from common.contracts import (
 from common.errors import Forbidden, JobqError, OutcomeUnknown
 from common.ids import new_job_id
 from common.validation import check_payload
+from common.web import tracing
 from common.web.access import ADMIN_ONLY, ALL_TENANTS, Caller
 from common.web.app import problems
 from common.web.bodies import StrictJSON, SubmitJSON
@@ -43,11 +44,13 @@ from common.web.list_params import (
     StatusFilter,
     TaskTypeFilter,
     View,
+    WaitSeconds,
     refuse_unknown_parameters,
 )
 from common.web.queue_params import QueueAction, QueuePath, check_queue_path
 from services.producer.admission import Admission
 from services.producer.client import QueueServiceClient
+from services.producer.tracing import submit_span
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,7 @@ class JobController(Controller):
         self,
         data: JSONBody[SubmitJobRequest],
         producer: NamedDependency[Producer],
+        request: Request[Any, Any, Any],
     ) -> Response[SubmitJobResponse]:
         """Validate the job and hand it to the queue service (group-committed with concurrent
         submits; the reply comes after the insert committed). The caller's tenant owns it.
@@ -101,9 +105,12 @@ class JobController(Controller):
         await producer.admission.admit_jobs(producer.caller, 1)
         await producer.admission.admit(producer.caller, data)
         fields = msgspec.structs.asdict(data)
-        reply, created = await producer.queue.submit(
-            EnqueueRequest(**fields, job_id=new_job_id(), tenant=producer.caller.owner), size
-        )
+        job = EnqueueRequest(**fields, job_id=new_job_id(), tenant=producer.caller.owner)
+        if tracing.tracer is None:
+            reply, created = await producer.queue.submit(job, size)
+        else:
+            with submit_span(tracing.tracer, request, [job]) as traced:
+                reply, created = await producer.queue.submit(traced[0], size)
         return Response(
             reply,
             status_code=202 if created else 200,
@@ -121,6 +128,7 @@ class JobController(Controller):
         self,
         data: JSONBody[BatchSubmitRequest],
         producer: NamedDependency[Producer],
+        request: Request[Any, Any, Any],
     ) -> BatchSubmitResponse:
         """Each entry is validated on its own and answered in order: 202 created, 200 replay
         (also a key repeated within the batch), 409, 413, 422 or 429 with problem details.
@@ -143,27 +151,27 @@ class JobController(Controller):
         if valid:
             forwarded = [
                 EnqueueRequest(
-                    **msgspec.structs.asdict(request),
+                    **msgspec.structs.asdict(candidate),
                     job_id=new_job_id(),
                     tenant=producer.caller.owner,
                 )
-                for request in valid
+                for candidate in valid
             ]
             try:
-                reply = await producer.queue.submit_batch(forwarded)
+                if tracing.tracer is None:
+                    reply = await producer.queue.submit_batch(forwarded)
+                else:
+                    with submit_span(tracing.tracer, request, forwarded) as traced:
+                        reply = await producer.queue.submit_batch(traced)
             except OutcomeUnknown as exc:
                 raise OutcomeUnknown(
                     "the queue service did not answer in time, so these jobs may or may not "
                     "have been created: GET /jobs/{jobId} to find out, or retry with the same "
                     "idempotency keys",
                     jobs=[
-                        {"index": index, "jobId": str(request.job_id)}
-                        | (
-                            {"idempotencyKey": request.idempotency_key}
-                            if request.idempotency_key
-                            else {}
-                        )
-                        for index, request in zip(indexes, forwarded, strict=True)
+                        {"index": index, "jobId": str(sent.job_id)}
+                        | ({"idempotencyKey": sent.idempotency_key} if sent.idempotency_key else {})
+                        for index, sent in zip(indexes, forwarded, strict=True)
                     ],
                 ) from exc
             for entry in reply.results:
@@ -215,9 +223,11 @@ class JobController(Controller):
         self,
         job_id: FromPath[uuid.UUID],
         producer: NamedDependency[Producer],
+        wait_seconds: WaitSeconds = 0,
     ) -> JobView:
-        """The job's full view; another tenant's job is a 404, like a missing one."""
-        return await producer.queue.get(job_id, producer.caller.scope)
+        """The job's full view; another tenant's job is a 404, like a missing one. With
+        `waitSeconds`, answered once the job is finished or the time is up."""
+        return await producer.queue.get(job_id, producer.caller.scope, wait_seconds)
 
     @post(
         "/{job_id:uuid}/cancel",

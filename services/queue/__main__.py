@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 from common.logging import configure_logging
+from common.web import tracing
 from common.web.access import refuse_open_access
 from common.web.serving import serve
 from common.web.settings import load_settings
@@ -24,6 +25,7 @@ def main() -> None:
     """
     settings = load_settings(QueueSettings)
     configure_logging(settings.log_level, settings.log_format)
+    tracing.start("jobq-queue", database=True)
     refuse_open_access(
         "queue service",
         settings.queue_host,

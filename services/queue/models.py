@@ -84,9 +84,16 @@ class Job(Base):
     lease_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     locked_by: Mapped[str | None] = mapped_column(Text)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    # Someone waits for this job's outcome (`GET /jobs/{id}?waitSeconds=N`): the trigger
+    # `job_settled_awaited` (migration 8e1f4c2a7b35) notifies `jobq_settled` when it settles.
+    awaited: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     last_error: Mapped[str | None] = mapped_column(Text)
     errors: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
     result: Mapped[Any | None] = mapped_column(JSONB)
+    # The latest progress its processor reported (common.contracts.JobProgress), or NULL.
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    # The submitting span's W3C trace context (common.contracts.TraceContext), or NULL.
+    trace_context: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     idempotency_key: Mapped[str | None] = mapped_column(Text)
     request_hash: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

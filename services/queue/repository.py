@@ -21,7 +21,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -41,9 +41,11 @@ from common.contracts import (
     FINISHED_STATUSES,
     ConcurrencyLimit,
     ErrorEntry,
+    JobProgress,
     JobStatus,
     JobView,
     ListedJob,
+    ProgressReport,
     QueueChange,
     QueueState,
     TenantWeight,
@@ -67,10 +69,11 @@ INT_MAX = 2_147_483_647
 """Largest value of a PostgreSQL `integer`; counters stop there instead of overflowing."""
 
 
-class Claimed(msgspec.Struct, rename="camel", frozen=True):
+class Claimed(msgspec.Struct, rename="camel", frozen=True, omit_defaults=True):
     """A job one claim handed out, shaped as the `JobMessage` the worker receives: the payload
     is the JSON text PostgreSQL stored (`msgspec.Raw`), passed through to the worker without
-    being decoded and encoded again. `visibility_timeout` is in seconds."""
+    being decoded and encoded again. `visibility_timeout` is in seconds; `trace_context` is the
+    submit's (a `TraceContext`'s JSON as stored), left out when the job has none."""
 
     id: uuid.UUID
     task_type: str
@@ -82,6 +85,7 @@ class Claimed(msgspec.Struct, rename="camel", frozen=True):
     visibility_timeout: int
     visible_at: datetime
     idempotency_key: str | None
+    trace_context: msgspec.Raw | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,8 @@ class Settled:
     attempts: int = 0
     last_error: str | None = None
     end_to_end_seconds: float | None = None
+    trace_json: str | None = None
+    """The submit's trace context as stored (JSON text), for the settle span's link."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +159,13 @@ def _errors(row: asyncpg.Record) -> list[ErrorEntry]:
 
 
 def _to_view(row: asyncpg.Record) -> JobView:
+    progress = row["progress"]
     return JobView(
-        **_summary_fields(row), payload=row["payload"], errors=_errors(row), result=row["result"]
+        **_summary_fields(row),
+        payload=row["payload"],
+        errors=_errors(row),
+        result=row["result"],
+        progress=None if progress is None else msgspec.convert(progress, JobProgress),
     )
 
 
@@ -241,7 +252,7 @@ def _listed_bytes(full: bool) -> str:
 _JOB_COLUMNS = (
     "id, tenant, queue, task_type, payload, status, priority, attempts, releases, max_attempts, "
     "timeout_seconds, last_error, errors, result, idempotency_key, locked_by, created_at, "
-    "updated_at, visible_at, claimed_at, finished_at, cancel_requested, lease_id"
+    "updated_at, visible_at, claimed_at, finished_at, cancel_requested, lease_id, progress"
 )
 
 # Reads, cancels, retries, listings and redrives take a tenant scope: NULL for every tenant,
@@ -249,6 +260,17 @@ _JOB_COLUMNS = (
 _IN_SCOPE = "($2::text IS NULL OR tenant = $2)"
 
 _GET = f"SELECT {_JOB_COLUMNS} FROM job WHERE id = $1 AND {_IN_SCOPE}"
+
+_GET_MANY = f"SELECT {_JOB_COLUMNS} FROM job WHERE id = ANY($1::uuid[])"
+
+# A waiter flags a live job, and gets its view as this update left it: a settle that commits
+# before the update makes it match nothing (the job is read again), one after it sees the flag
+# and fires the `job_settled_awaited` trigger (docs/adr/008-waiting-for-outcomes.md).
+_MARK_AWAITED = f"""
+UPDATE job SET awaited = true
+WHERE id = $1 AND {_IN_SCOPE} AND status IN ('PENDING', 'SCHEDULED', 'PROCESSING')
+RETURNING {_JOB_COLUMNS}
+"""
 
 
 def _notify_ready(source: str) -> str:
@@ -278,7 +300,7 @@ def _claimed_cte(worker: str, visibility: str, flow: str = "NULL::bigint") -> st
     RETURNING job.id, job.task_type, job.payload::text AS payload_json, job.attempts,
               job.max_attempts, job.timeout_seconds, job.lease_id, job.visible_at,
               job.idempotency_key, (SELECT rank FROM picked WHERE picked.id = job.id) AS rank,
-              job.queue, job.tenant, {flow} AS flow
+              job.queue, job.tenant, {flow} AS flow, job.trace_context::text AS trace_json
 )"""
 
 
@@ -361,10 +383,11 @@ def _claim_rows(shared: str, cursor: str = "NULL::text") -> str:
     for none)."""
     return f"""
 SELECT id, task_type, payload_json, attempts, max_attempts, timeout_seconds, lease_id,
-       visible_at, idempotency_key, rank, queue, tenant, flow, NULL::bool AS shared
+       visible_at, idempotency_key, rank, queue, tenant, flow, NULL::bool AS shared, trace_json
 FROM claimed
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, queue, {cursor}, NULL, shared
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, queue, {cursor}, NULL, shared,
+       NULL
 FROM {shared}"""
 
 
@@ -651,7 +674,7 @@ WITH control AS (
 )
 SELECT id, task_type, payload_json, attempts, max_attempts, timeout_seconds, lease_id,
        visible_at, idempotency_key, rank, queue, tenant, flow,
-       NULL::text AS held_by, NULL::float8 AS wait_seconds
+       NULL::text AS held_by, NULL::float8 AS wait_seconds, trace_json
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -662,7 +685,8 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
        CASE WHEN NOT held.waiting OR held.claimed >= $3 THEN NULL
             WHEN held.tokens_left < 1 THEN (1 - held.tokens_left) / (SELECT rate FROM control)
             ELSE (SELECT min((1 - buckets.tokens) / control.tenant_rate)
-                  FROM buckets, control WHERE buckets.tenant <> '' AND buckets.tokens < 1) END
+                  FROM buckets, control WHERE buckets.tenant <> '' AND buckets.tokens < 1) END,
+       NULL
 FROM room CROSS JOIN LATERAL (
     SELECT (SELECT count(*) FROM claimed) AS claimed, (SELECT count(*) FROM walked) AS walked,
            (SELECT n FROM pair_tokens) - (SELECT count(*) FROM claimed) AS tokens_left,
@@ -697,7 +721,8 @@ entries AS (
     WHERE job.id = ANY({ids}::uuid[]) AND job.id = entries.id
       AND job.lease_id = entries.receipt_handle AND job.status = 'PROCESSING'
     RETURNING job.id, job.queue, job.task_type, job.attempts,
-              EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end
+              EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end,
+              job.trace_context::text AS trace_json
 )"""
 
 _CLAIM = f"WITH {_CLAIM_WALK_CTES} {_CLAIM_WALK_ROWS}"
@@ -716,11 +741,11 @@ def _ack_and_claim(claim_ctes: str, claim_rows: str, recursive: str = "") -> str
 WITH {recursive}{_ACK_CTES.format(ids="$5", handles="$6", results="$7")}, {claim_ctes}
 SELECT true AS is_claim, id, task_type, payload_json, attempts, max_attempts, timeout_seconds,
        lease_id, visible_at, idempotency_key, rank, queue, tenant, flow, shared,
-       NULL::float8 AS end_to_end
+       NULL::float8 AS end_to_end, trace_json
 FROM ({claim_rows}) AS claim_rows
 UNION ALL
 SELECT false, id, task_type, NULL, attempts, NULL, NULL, NULL, NULL, NULL, NULL,
-       queue, NULL, NULL, NULL, end_to_end
+       queue, NULL, NULL, NULL, end_to_end, trace_json
 FROM acked
 """
 
@@ -869,7 +894,8 @@ UPDATE job SET
     locked_by = NULL,
     updated_at = statement_timestamp()
 FROM decided WHERE job.id = decided.id
-RETURNING job.id, job.queue, job.task_type, job.status, job.attempts, job.last_error
+RETURNING job.id, job.queue, job.task_type, job.status, job.attempts, job.last_error,
+          job.trace_context::text AS trace_json
 """
 
 _EXPIRY_OUTCOME = """(CASE WHEN job.cancel_requested THEN 'CANCELLED'
@@ -919,10 +945,12 @@ SELECT reaped.*, (SELECT count(*) FROM woken) AS notified FROM reaped
 # near the end of the timestamp range cannot overflow.
 _HEARTBEAT = f"""
 WITH entries AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::text[])
-        AS e(id, receipt_handle, visibility_timeout, reason)
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::text[], $5::float8[],
+                         $6::text[])
+        AS e(id, receipt_handle, visibility_timeout, reason, fraction, message)
 ), decided AS (
-    SELECT job.id, entries.visibility_timeout, entries.reason,
+    SELECT job.id, entries.visibility_timeout, entries.reason, entries.fraction,
+           entries.message,
            statement_timestamp() + make_interval(secs => entries.visibility_timeout) AS lease_end,
            CASE WHEN entries.visibility_timeout > 0 THEN 'PROCESSING'
                 WHEN job.cancel_requested THEN 'CANCELLED'
@@ -952,6 +980,12 @@ WITH entries AS (
         last_error = CASE WHEN decided.next_status = 'DEAD_LETTER'
                           THEN 'released too often: more than 3 x maxAttempts releases'
                           ELSE job.last_error END,
+        -- The processor's latest progress report rides the heartbeat (no fraction: none).
+        progress = CASE WHEN decided.fraction IS NULL THEN job.progress
+                        ELSE jsonb_build_object('fraction', decided.fraction,
+                                                'message', decided.message,
+                                                'attempt', job.attempts,
+                                                'at', statement_timestamp()) END,
         -- A release says why in the job's history (not in last_error: it is no failure).
         errors = CASE WHEN decided.visibility_timeout = 0 THEN {
     _append_error(
@@ -987,7 +1021,8 @@ RETURNING id, queue, task_type, status, attempts
 
 _RESET_FOR_RETRY = """
         status = 'PENDING', attempts = 0, releases = 0, lease_id = NULL, locked_by = NULL,
-        cancel_requested = false, result = NULL, claimed_at = NULL, finished_at = NULL,
+        cancel_requested = false, awaited = false, result = NULL, progress = NULL,
+        claimed_at = NULL, finished_at = NULL,
         visible_at = statement_timestamp(), ready_at = statement_timestamp(),
         updated_at = statement_timestamp()
 """
@@ -1318,6 +1353,10 @@ def _json_or_null(value: Any) -> str | None:
     return None if value is None else msgspec.json.encode(value).decode()
 
 
+def _raw_or_none(text: str | None) -> msgspec.Raw | None:
+    return None if text is None else msgspec.Raw(text.encode())
+
+
 def _claimed(rows: list[asyncpg.Record], visibility_timeout: int) -> list[Claimed]:
     """Claimed jobs from claim rows, in claim order (their `rank`)."""
     rows.sort(key=lambda r: r["rank"])
@@ -1333,6 +1372,7 @@ def _claimed(rows: list[asyncpg.Record], visibility_timeout: int) -> list[Claime
             visibility_timeout=visibility_timeout,
             visible_at=row["visible_at"],
             idempotency_key=row["idempotency_key"],
+            trace_context=_raw_or_none(row["trace_json"]),
         )
         for row in rows
     ]
@@ -1348,6 +1388,7 @@ def _completed(rows: list[asyncpg.Record]) -> list[Settled]:
             JobStatus.COMPLETED,
             attempts=r["attempts"],
             end_to_end_seconds=r["end_to_end"],
+            trace_json=r["trace_json"],
         )
         for r in rows
     ]
@@ -1614,6 +1655,18 @@ class JobRepository:
         row = await self._fetchrow(_GET, job_id, tenant)
         return None if row is None else (_to_view(row), row["lease_id"])
 
+    async def get_many(self, ids: Sequence[uuid.UUID]) -> list[JobView]:
+        """The views of the jobs of `ids` that exist, in no particular order (any tenant)."""
+        rows = await self._fetch(_GET_MANY, list(ids))
+        return [_to_view(row) for row in rows]
+
+    async def mark_awaited(self, job_id: uuid.UUID, tenant: str | None = None) -> JobView | None:
+        """Flag a live job (PENDING, SCHEDULED, PROCESSING) as awaited, so its settle notifies
+        `jobq_settled`; its view as flagged, or None when it is finished, missing, or (with a
+        `tenant`) another tenant's."""
+        row = await self._fetchrow(_MARK_AWAITED, job_id, tenant)
+        return None if row is None else _to_view(row)
+
     async def claim(
         self, queues: Sequence[str], worker: str, max_jobs: int, visibility_timeout: int
     ) -> list[Claimed]:
@@ -1746,23 +1799,30 @@ class JobRepository:
                 JobStatus(r["status"]),
                 attempts=r["attempts"],
                 last_error=r["last_error"],
+                trace_json=r["trace_json"],
             )
             for r in rows
         ]
 
     async def heartbeat_many(
-        self, entries: Sequence[tuple[uuid.UUID, uuid.UUID, int, str]]
+        self,
+        entries: Sequence[tuple[uuid.UUID, uuid.UUID, int, str]],
+        progress: Mapping[uuid.UUID, ProgressReport] | None = None,
     ) -> list[Extended]:
         """For each `(id, receipt handle, visibility timeout, reason)` whose handle is current:
         extend the lease to that many seconds from now (capped at 12 h after the claim), or
-        release the job when it is 0, recording `released: <reason>` in its errors. One
-        statement; returns the jobs it changed."""
+        release the job when it is 0, recording `released: <reason>` in its errors; and store
+        the job's `progress` report, if it has one (`JobProgress`, with the attempt and the
+        time). One statement; returns the jobs it changed."""
+        reports = [progress.get(entry[0]) if progress else None for entry in entries]
         rows = await self._fetch(
             _HEARTBEAT,
             [entry[0] for entry in entries],
             [entry[1] for entry in entries],
             [entry[2] for entry in entries],
             [entry[3] for entry in entries],
+            [None if report is None else report.fraction for report in reports],
+            [None if report is None else report.message for report in reports],
         )
         return [
             Extended(

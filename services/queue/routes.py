@@ -65,6 +65,7 @@ from common.web.list_params import (
     TaskTypeFilter,
     TenantScope,
     View,
+    WaitSeconds,
     refuse_unknown_parameters,
 )
 from common.web.queue_params import Actor, QueueAction, QueuePath, actor_of, check_queue_path
@@ -232,9 +233,10 @@ class JobController(Controller):
         job_id: FromPath[uuid.UUID],
         service: NamedDependency[QueueService],
         tenant: TenantScope = None,
+        wait_seconds: WaitSeconds = 0,
     ) -> JobView:
-        """The job's full view."""
-        return await service.get(job_id, tenant)
+        """The job's full view; with `waitSeconds`, once it is finished or the time is up."""
+        return await service.wait_for(job_id, tenant, wait_seconds)
 
     @post(
         "/next",

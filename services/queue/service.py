@@ -19,12 +19,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
+from opentelemetry import trace
 
 from common.coalesce import Coalescer
 from common.contracts import (
     BATCH_MAX,
     ERROR_MAX_BYTES,
     LIST_PAGE_MAX_BYTES,
+    PROGRESS_MESSAGE_MAX_CHARS,
     REDRIVE_BATCH,
     RESULT_MAX_BYTES,
     AckEntry,
@@ -43,6 +45,7 @@ from common.contracts import (
     JobStatus,
     JobView,
     ListView,
+    ProgressReport,
     QueuesResponse,
     QueueState,
     TenantWeight,
@@ -62,10 +65,12 @@ from common.ids import new_job_id
 from common.logging import RepeatedEvents
 from common.text import sanitize_result, sanitize_text
 from common.validation import check_payload
+from common.web import tracing
 from services.queue import retry
 from services.queue.activity import Activity
 from services.queue.depth import DepthCache, current_depth
 from services.queue.metrics import QueueMetrics
+from services.queue.outcomes import OutcomeWaiters
 from services.queue.repository import (
     Claimed,
     Extended,
@@ -78,6 +83,7 @@ from services.queue.repository import (
     FailEntry as FailRow,
 )
 from services.queue.settings import QueueSettings
+from services.queue.tracing import claim_span, enqueue_span, settle_span
 from services.queue.wakeup import WakeupHub
 
 logger = logging.getLogger(__name__)
@@ -157,6 +163,15 @@ def _refuse_late(deadline: float | None) -> None:
         raise DeadlineExceeded(_LATE)
 
 
+def _clean_progress(report: ProgressReport) -> ProgressReport:
+    """`report` with a storable message (NUL and lone surrogates replaced, at most
+    `PROGRESS_MESSAGE_MAX_CHARS` characters as decoded, so at most 4 bytes each in UTF-8)."""
+    if report.message is None:
+        return report
+    message = sanitize_text(report.message, 4 * PROGRESS_MESSAGE_MAX_CHARS)
+    return msgspec.structs.replace(report, message=message)
+
+
 def _distinct_ids(ids: Sequence[uuid.UUID], pointer: str = "/entries") -> None:
     if len(set(ids)) != len(ids):
         raise InvalidInput(
@@ -207,6 +222,7 @@ class QueueService:
         self._submits: Coalescer[tuple[EnqueueRequest, float], Submitted] = Coalescer(
             self._enqueue_batch, max_batch=BATCH_MAX, max_in_flight=2
         )
+        self._waiters = OutcomeWaiters(repository, hub, shutdown)
         self._limited: dict[str, tuple[str, ...]] = {}
         self._limited_read_at = -math.inf
         self._limited_lock = asyncio.Lock()
@@ -225,8 +241,9 @@ class QueueService:
         self._idle_rest: dict[str, tuple[tuple[int, int], float]] = {}
 
     async def aclose(self) -> None:
-        """Finish the group commits under way."""
+        """Finish the group commits and waiters' reads under way."""
         await self._submits.aclose()
+        await self._waiters.aclose()
 
     async def enqueue(self, request: EnqueueRequest, *, deadline: float | None = None) -> Submitted:
         """Create one job, or recognise a replay of one created before (see `enqueue_many`).
@@ -283,9 +300,15 @@ class QueueService:
                     outcomes[index] = exc
                     continue
             job_id = request.job_id or new_job_id()
-            rows[index] = job_row(request, job_id, default_attempts, request.tenant)
+            rows[index] = job_row(
+                request, job_id, default_attempts, request.tenant, request.trace_context
+            )
         _refuse_late(deadline)
-        inserted = await insert_jobs(self._repository, list(rows.values()))
+        if tracing.tracer is None:
+            inserted = await insert_jobs(self._repository, list(rows.values()))
+        else:
+            with enqueue_span(tracing.tracer, [requests[i] for i in rows]):
+                inserted = await insert_jobs(self._repository, list(rows.values()))
         counts: Counter[tuple[str, str, str]] = Counter()
         for (index, row), outcome in zip(rows.items(), inserted, strict=True):
             outcomes[index] = outcome
@@ -314,6 +337,13 @@ class QueueService:
         if found is None:
             raise JobNotFound(f"no job has id {job_id}")
         return found[0]
+
+    async def wait_for(self, job_id: uuid.UUID, tenant: str | None, within: float) -> JobView:
+        """The job's view once it is finished, or after `within` seconds (0: at once), woken
+        by its settle's notification (`services.queue.outcomes`); raises JobNotFound."""
+        if within <= 0:
+            return await self.get(job_id, tenant)
+        return await self._waiters.wait(job_id, tenant, within)
 
     async def list_jobs(
         self,
@@ -363,6 +393,7 @@ class QueueService:
         """
         visibility = request.visibility_timeout or self._settings.queue_visibility_timeout
         limited = await self._limited_task_types()
+        began = 0 if tracing.tracer is None else time.time_ns()
         if request.acks:
             if self._limited_may_wait(request.queues, limited):
                 # The acks first, so the slots they free count for this claim's limited jobs.
@@ -374,6 +405,8 @@ class QueueService:
                 jobs, acks = await self._ack_and_claim(request, visibility)
             if jobs:
                 self._metrics.claim_batch_size.observe(len(jobs))
+                if tracing.tracer is not None:
+                    claim_span(tracing.tracer, jobs, request.queues, request.worker, began)
             else:
                 self._metrics.empty_claims.inc()
             self.activity.claimed(request.worker, request.queues, request.slots, len(jobs))
@@ -386,6 +419,8 @@ class QueueService:
             if jobs:
                 self._metrics.claim_batch_size.observe(len(jobs))
                 self.activity.claimed(request.worker, request.queues, request.slots, len(jobs))
+                if tracing.tracer is not None:
+                    claim_span(tracing.tracer, jobs, request.queues, request.worker, began)
                 return jobs, []
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._shutdown.is_set():
@@ -680,17 +715,21 @@ class QueueService:
                     "a reason is only given with a release (visibilityTimeout 0)",
                     errors=[{"pointer": where, "detail": "only with visibilityTimeout 0"}],
                 )
+        progress = {e.id: _clean_progress(e.progress) for e in entries if e.progress is not None}
         return await self._change_leases(
             [
                 (e.id, e.receipt_handle, e.visibility_timeout, e.reason or "requested")
                 for e in entries
-            ]
+            ],
+            progress,
         )
 
     async def _change_leases(
-        self, entries: Sequence[tuple[uuid.UUID, uuid.UUID, int, str]]
+        self,
+        entries: Sequence[tuple[uuid.UUID, uuid.UUID, int, str]],
+        progress: dict[uuid.UUID, ProgressReport] | None = None,
     ) -> BatchHeartbeatResponse:
-        changed = {job.id: job for job in await self._repository.heartbeat_many(entries)}
+        changed = {job.id: job for job in await self._repository.heartbeat_many(entries, progress)}
         reasons = {job_id: reason for job_id, _, _, reason in entries}
         self._record_releases([job for job in changed.values() if job.released], reasons)
         missing = {job_id for job_id, *_ in entries if job_id not in changed}
@@ -884,6 +923,14 @@ class QueueService:
         """Count settled attempts by outcome, observe end-to-end times, log retries (WARNING)
         and dead letters (ERROR), folded per task type (`common.logging.RepeatedEvents`)."""
         self.activity.settled(settled)
+        if tracing.tracer is not None and settled:
+            # The span is current while the settles are logged: their lines carry its ids.
+            with trace.use_span(settle_span(tracing.tracer, settled), end_on_exit=True):
+                self._count_settled(settled)
+        else:
+            self._count_settled(settled)
+
+    def _count_settled(self, settled: Sequence[Settled]) -> None:
         counts: Counter[tuple[str, str, str]] = Counter()
         metrics = self._metrics
         # A batch's jobs share a few (queue, task type) pairs: their labels and end-to-end

@@ -4,6 +4,10 @@ A waiting claim holds no database connection; it sleeps on a future here until a
 says its queue has ready jobs, or until its re-check interval passes. One notification per
 enqueue *statement* (never a per-row trigger, whose NOTIFY lock serialises commits) carries
 `<queue>:<count>`, and wakes at most `count` waiters.
+
+A caller waiting for a job's outcome (`GET /jobs/{id}?waitSeconds=N`) watches the job's id
+here; the `jobq_settled` notification, sent only for jobs somebody flagged as awaited
+(docs/adr/008-waiting-for-outcomes.md), wakes every watcher of that id on every replica.
 """
 
 from __future__ import annotations
@@ -12,13 +16,14 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import asyncpg
 
-from common.enqueue import WAKEUP_CHANNEL
+from common.enqueue import SETTLED_CHANNEL, WAKEUP_CHANNEL
 from common.logging import FailureRun
 
 logger = logging.getLogger(__name__)
@@ -29,10 +34,12 @@ _HEARD_KEPT = 10_000
 
 
 class WakeupHub:
-    """Waiters per queue, woken first-come first-served."""
+    """Waiters per queue, woken first-come first-served; and watchers of jobs' outcomes, each
+    an `asyncio.Event` set when the job may have settled."""
 
     def __init__(self) -> None:
         self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
+        self._watchers: dict[uuid.UUID, set[asyncio.Event]] = {}
         self._heard: dict[str, int] = {}
         self._epoch = 0
 
@@ -72,13 +79,48 @@ class WakeupHub:
         return woken
 
     def wake_all(self) -> None:
-        """Wake every waiter (shutdown: waiters answer 204 at once), and change every queue's
-        `heard` mark (after a reconnect, notifications may have been missed)."""
+        """Wake every waiter (shutdown: waiters answer 204 at once) and every watcher, and
+        change every queue's `heard` mark (after a reconnect, notifications may have been
+        missed)."""
         self._epoch += 1
         for waiters in self._waiters.values():
             for future in waiters:
                 if not future.done():
                     future.set_result(None)
+        for events in self._watchers.values():
+            for event in events:
+                event.set()
+
+    @contextlib.contextmanager
+    def watch(self, job_id: uuid.UUID) -> Iterator[asyncio.Event]:
+        """Within the block, the returned event is set whenever job `job_id` may have settled
+        (a `jobq_settled` notification for it, or `wake_all`); the watcher clears it before
+        each read of the job. Register before flagging the job, so no notification is missed."""
+        event = asyncio.Event()
+        self._watchers.setdefault(job_id, set()).add(event)
+        try:
+            yield event
+        finally:
+            events = self._watchers.get(job_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._watchers[job_id]
+
+    @property
+    def watching(self) -> int:
+        """How many jobs this replica's waiters watch."""
+        return len(self._watchers)
+
+    def handle_settled(self, payload: str) -> None:
+        """Apply one `jobq_settled` payload (a job id): wake that job's watchers here, if any.
+        A malformed payload is ignored."""
+        try:
+            job_id = uuid.UUID(payload)
+        except ValueError:
+            return
+        for event in self._watchers.get(job_id, ()):
+            event.set()
 
     def handle_notification(self, payload: str) -> None:
         """Apply one `<queue>:<count>` notification payload; malformed payloads are ignored."""
@@ -110,7 +152,8 @@ async def listen_forever(
     probe_timeout: float = 2.0,
     reconnected: Callable[[str], None] = lambda _reason: None,
 ) -> None:
-    """Hold one LISTEN connection and feed `hub` until `shutdown` is set.
+    """Hold one LISTEN connection (`jobq_ready` and `jobq_settled`) and feed `hub` until
+    `shutdown` is set.
 
     The connection is replaced when the driver reports it closed, and also when it goes
     silent: after `probe_interval` seconds without any notification the replica notifies
@@ -156,6 +199,8 @@ async def _listen_once(
         last_heard = loop.time()
         if channel == probe_channel:
             echoed.set()
+        elif channel == SETTLED_CHANNEL:
+            hub.handle_settled(payload)
         else:
             hub.handle_notification(payload)
 
@@ -167,6 +212,7 @@ async def _listen_once(
             server_settings={"application_name": "jobq-queue-listener", **KEEPALIVES},
         )
         await connection.add_listener(WAKEUP_CHANNEL, on_notify)
+        await connection.add_listener(SETTLED_CHANNEL, on_notify)
         await connection.add_listener(probe_channel, on_notify)
         connection.add_termination_listener(lambda _c: lost.set())
         run.succeeded()

@@ -11,6 +11,7 @@ import uvloop
 from prometheus_client import CollectorRegistry
 
 from common.logging import configure_logging
+from common.web import tracing
 from common.web.http import QUEUE_SERVICE_CONNECTIONS, ServiceClient
 from common.web.pools import PoolMetrics
 from common.web.settings import load_settings
@@ -80,6 +81,7 @@ def main() -> None:
     """Entry point: settings from the environment, JSON or text logs, then `run`."""
     settings = load_settings(WorkerSettings)
     configure_logging(settings.log_level, settings.log_format)
+    tracing.start("jobq-worker")
     # uvloop, as uvicorn uses for the HTTP services: a cheaper event loop per job.
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(run(settings))

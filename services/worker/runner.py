@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
+from opentelemetry import trace
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -30,6 +31,7 @@ from tenacity import (
 
 from common.contracts import (
     ERROR_MAX_BYTES,
+    PROGRESS_MESSAGE_MAX_CHARS,
     RESULT_MAX_BYTES,
     AckEntry,
     ClaimResponse,
@@ -37,14 +39,17 @@ from common.contracts import (
     HeartbeatEntry,
     JobMessage,
     JobStatus,
+    ProgressReport,
 )
 from common.errors import JobqError, ServiceUnavailable, StaleReceiptHandle
 from common.logging import FailureRun, RepeatedEvents
 from common.text import sanitize_result, sanitize_text
+from common.web import tracing
 from jobq.processors import JobContext, NonRetryable, ProcessorRegistry, Registration, Retry
 from services.worker.client import QueueClient, Settler
 from services.worker.metrics import WorkerMetrics
 from services.worker.settings import WorkerSettings
+from services.worker.tracing import end_attempt, start_attempt
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -61,6 +66,9 @@ _HEARTBEAT_TICK = 0.1
 """Seconds between looks for leases due to be extended (and acks waiting too long)."""
 _HEARTBEAT_RETRY = 1.0
 """Seconds before a failed heartbeat is tried again."""
+PROGRESS_INTERVAL = 2.0
+"""Seconds between two heartbeats of one job at least, when its processor reports progress:
+a report brings the job's next heartbeat forward to this long after its last one."""
 
 
 class Stop(enum.Enum):
@@ -82,9 +90,26 @@ class Running:
     claimed: float = field(default_factory=time.monotonic)
     next_heartbeat: float = 0.0
     holds_slot: bool = True
+    last_heartbeat: float = 0.0
+    span: Any = None
+    """The attempt's span when tracing is on (`services.worker.tracing`), else None."""
+    progress: ProgressReport | None = None
+    """The latest progress report not sent yet (None: none)."""
 
     def __post_init__(self) -> None:
         self.next_heartbeat = self.claimed + _heartbeat_interval(self.job)
+        self.last_heartbeat = self.claimed
+
+    def report_progress(self, fraction: float, message: str | None) -> None:
+        """Keep the processor's latest report (`JobContext.progress` checked and clamped the
+        fraction) for the next heartbeat, and bring that heartbeat forward to at most
+        `PROGRESS_INTERVAL` seconds after the last one."""
+        if message is not None:
+            message = sanitize_text(
+                message[:PROGRESS_MESSAGE_MAX_CHARS], 4 * PROGRESS_MESSAGE_MAX_CHARS
+            )
+        self.progress = ProgressReport(fraction=fraction, message=message)
+        self.next_heartbeat = min(self.next_heartbeat, self.last_heartbeat + PROGRESS_INTERVAL)
 
     def interrupt(self, reason: Stop) -> None:
         """Stop the processor for `reason` (the first reason wins)."""
@@ -282,7 +307,9 @@ class Worker:
         if registration is None:
             outcome: Any = Failure(f"no processor for task type {job.task_type!r} on this worker")
         else:
-            running.task = asyncio.create_task(self._invoke(registration, job))
+            if tracing.tracer is not None:
+                running.span = start_attempt(tracing.tracer, job, self._settings.worker_name)
+            running.task = asyncio.create_task(self._invoke(registration, running))
             try:
                 outcome = await running.task
             except asyncio.CancelledError:
@@ -291,6 +318,8 @@ class Worker:
                 outcome = running.stop
             finally:
                 running.task = None
+        if running.span is not None:
+            _end_span(running.span, outcome)
         self._free_slot(running)
         duration = time.monotonic() - started
         if isinstance(outcome, Stop):
@@ -300,8 +329,9 @@ class Worker:
         else:
             await self._report_success(running, outcome, duration)
 
-    async def _invoke(self, registration: Registration, job: JobMessage) -> Any:
+    async def _invoke(self, registration: Registration, running: Running) -> Any:
         """Run the processor under its timeout; returns its result or a Failure."""
+        job = running.job
         timeout = registration.timeout(job.timeout_seconds, self._settings.worker_job_timeout)
         context = JobContext(
             id=job.id,
@@ -310,10 +340,14 @@ class Worker:
             attempt=job.attempts,
             max_attempts=job.max_attempts,
             idempotency_key=job.idempotency_key,
+            progress_sink=running.report_progress,
         )
         try:
             async with asyncio.timeout(timeout) as deadline:
-                return await registration.processor(context)
+                if running.span is None:
+                    return await registration.processor(context)
+                with trace.use_span(running.span, end_on_exit=False):
+                    return await registration.processor(context)
         except TimeoutError:
             if deadline.expired():
                 return Failure(f"timed out after {timeout:g}s (timeoutSeconds)")
@@ -340,9 +374,14 @@ class Worker:
         """Extend one lease (batched with the others due); stop the processor when the job was
         cancelled or the lease is lost."""
         job = running.job
+        progress = running.progress
         entry = HeartbeatEntry(
-            id=job.id, receipt_handle=job.receipt_handle, visibility_timeout=job.visibility_timeout
+            id=job.id,
+            receipt_handle=job.receipt_handle,
+            visibility_timeout=job.visibility_timeout,
+            progress=progress,
         )
+        running.last_heartbeat = time.monotonic()
         try:
             reply = await self._settler.heartbeat(entry)
         except StaleReceiptHandle:
@@ -357,6 +396,12 @@ class Worker:
             running.next_heartbeat = time.monotonic() + _HEARTBEAT_RETRY
             return
         running.next_heartbeat = time.monotonic() + _heartbeat_interval(job)
+        if running.progress is progress:
+            running.progress = None
+        else:  # a newer report came meanwhile: it rides the next heartbeat, brought forward
+            running.next_heartbeat = min(
+                running.next_heartbeat, running.last_heartbeat + PROGRESS_INTERVAL
+            )
         if reply.cancel_requested:
             running.interrupt(Stop.CANCEL_REQUESTED)
 
@@ -495,6 +540,16 @@ class Worker:
             why,
             extra={"event": "lease_lost", "job_id": str(job.id)},
         )
+
+
+def _end_span(span: Any, outcome: Any) -> None:
+    """End an attempt's span with what the processor's run came to."""
+    if isinstance(outcome, Stop):
+        end_attempt(span, outcome.value)
+    elif isinstance(outcome, Failure):
+        end_attempt(span, "failed", outcome.error)
+    else:
+        end_attempt(span, "succeeded")
 
 
 def storable(result: Any) -> Any:

@@ -53,7 +53,9 @@ def test_submit_then_get_shows_the_job_completed(stack: LocalStack) -> None:
     args = ["--json", "submit", "noop", "--payload", '{"n": 1}', "--idempotency-key", key]
     [created] = lines(jobq(stack, *args))
     assert created["status"] == "PENDING"
-    view = wait_status(stack, created["jobId"], "COMPLETED")
+    # --wait answers once the job finished, without polling.
+    [view] = lines(jobq(stack, "--json", "get", "--wait", "20", created["jobId"]))
+    assert view["status"] == "COMPLETED"
     assert view["payload"] == {"n": 1} and view["idempotencyKey"] == key
     # The same key and request again: the same job, not a second one.
     [replayed] = lines(jobq(stack, *args))

@@ -217,7 +217,12 @@ async def test_the_limited_claim_walks_the_pairs_own_index(clean_database: str) 
             FAIL_STATEMENT,
             f"{SETTLE_ARRAYS}, ARRAY['e'], ARRAY[true], ARRAY[NULL::float8], ARRAY[1.0], 300, 5, 2",
         ),
-        ("heartbeat", HEARTBEAT_STATEMENT, f"{SETTLE_ARRAYS}, ARRAY[30], ARRAY['requested']"),
+        (
+            "heartbeat",
+            HEARTBEAT_STATEMENT,
+            f"{SETTLE_ARRAYS}, ARRAY[30], ARRAY['requested'], ARRAY[NULL::float8], "
+            "ARRAY[NULL::text]",
+        ),
         ("reaper", REAP_STATEMENT, "500"),
         ("scheduler", PROMOTE_STATEMENT, "500"),
         ("redrive", REDRIVE_STATEMENT, "NULL, NULL, 500, NULL"),

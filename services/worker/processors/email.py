@@ -26,6 +26,7 @@ import aiosmtplib
 from common.mail import EmailPolicy, EmailRequest, build_message, parse_email
 from common.payloads import PayloadProblem
 from jobq.processors import JobContext, NonRetryable, Retry
+from services.worker.processors.spans import smtp_span
 
 
 class EmailProcessor:
@@ -57,16 +58,17 @@ class EmailProcessor:
         """Send one attempt; returns the Message-ID and accepted recipients."""
         request, message = self.prepare(job)
         try:
-            refused, _ = await aiosmtplib.send(
-                message,
-                sender=self._sender,
-                recipients=request.recipients,
-                hostname=self._host,
-                port=self._port,
-                timeout=self._timeout,
-                start_tls=False,
-                use_tls=False,
-            )
+            with smtp_span(self._host, self._port, len(request.recipients)):
+                refused, _ = await aiosmtplib.send(
+                    message,
+                    sender=self._sender,
+                    recipients=request.recipients,
+                    hostname=self._host,
+                    port=self._port,
+                    timeout=self._timeout,
+                    start_tls=False,
+                    use_tls=False,
+                )
         except aiosmtplib.SMTPRecipientsRefused as exc:
             raise _recipients_refused(exc) from exc
         except aiosmtplib.SMTPResponseException as exc:

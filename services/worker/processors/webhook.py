@@ -48,6 +48,7 @@ import httpx
 
 from common.logging import RepeatedEvents
 from jobq.processors import JobContext, NonRetryable, Retry
+from services.worker.processors.spans import outbound_span
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +272,7 @@ class WebhookProcessor:
             "Idempotency-Key": str(job.id),
         }
         try:
-            with pinned(name, port, addresses):
+            with pinned(name, port, addresses), outbound_span(url, port, headers) as span:
                 async with self._http.stream(
                     "POST",
                     url,
@@ -281,6 +282,8 @@ class WebhookProcessor:
                     follow_redirects=False,
                 ) as response:
                     code = response.status_code
+                    if span is not None:
+                        span.set_attribute("http.response.status_code", code)
                     snippet = "" if 200 <= code < 300 else await _read_snippet(response)
         except httpx.TransportError as exc:
             # The driver's text may carry the address it connected to: logged, not stored.

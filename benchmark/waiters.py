@@ -1,0 +1,211 @@
+"""Waiting for outcomes: how soon `GET /jobs/{id}?waitSeconds=20` answers after its job
+settles, what hundreds of waiters cost the queue service while they wait, and what the settle
+trigger costs the settle statements when nobody waits (docs/adr/008-waiting-for-outcomes.md).
+
+`python -m benchmark.waiters [--waiters 500] [--settles 20000]` writes
+`benchmark/results/waiters-<UTC time>.json`:
+
+- `latency`: a queue service process (real HTTP, its own database) holds `--waiters` waiters
+  on as many jobs; the jobs are claimed, then acked 100 per request (`acks_of_100`: 100
+  answers leave together) or one per request (`acks_of_1`), one request at a time, and each
+  waiter's latency is the time its answer arrived minus the job's `finished_at` (the same host
+  clock). `idle_cpu`: the queue service's CPU (percent of one core) over 5 s while the
+  waiters wait (their jobs stay PENDING), beside 5 s with none.
+- `settle_cost`: claim + ack of `--settles` jobs, 100 per statement, through the repository,
+  with the trigger enabled and disabled, alternating rounds; jobs per second of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import psutil
+
+from benchmark import database
+from benchmark.stats import latency_summary
+from infra.servers import ensure_postgres, ensure_redis
+from infra.stack import ROOT, LocalStack
+from services.queue.repository import JobRepository, create_pool
+
+RESULTS = ROOT / "benchmark" / "results"
+TRIGGER = "job_settled_awaited"
+
+
+async def _until_awaited(connection: asyncpg.Connection, count: int) -> None:
+    """Until `count` jobs are flagged: every waiter is waiting (RuntimeError after 60 s)."""
+    for _ in range(1200):
+        if await connection.fetchval("SELECT count(*) FROM job WHERE awaited") >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"not all {count} waiters started")
+
+
+def _cpu_percent(pid: int, seconds: float) -> float:
+    """The process's CPU over the next `seconds`, percent of one core."""
+    process = psutil.Process(pid)
+    before = sum(process.cpu_times()[:2])
+    time.sleep(seconds)
+    return round((sum(process.cpu_times()[:2]) - before) / seconds * 100, 2)
+
+
+async def _round(
+    http: aiohttp.ClientSession, connection: asyncpg.Connection, waiters: int, per_ack: int
+) -> tuple[list[float], int]:
+    """`waiters` waiters on as many jobs, then the jobs acked `per_ack` per request (one
+    request at a time). Returns each answer's delay after its job's `finished_at` (ms), and how
+    many answered COMPLETED."""
+    await database.reset_jobs(connection)
+    batch = [{"taskType": "noop", "payload": {"i": i}} for i in range(waiters)]
+    async with http.post("/jobs/batch", json={"jobs": batch}) as reply:
+        ids = [entry["jobId"] for entry in (await reply.json())["results"]]
+    answered: dict[str, tuple[float, str]] = {}
+
+    async def wait(job_id: str) -> None:
+        async with http.get(f"/jobs/{job_id}?waitSeconds=20") as reply:
+            body = await reply.json()
+        answered[job_id] = (time.time(), body["status"])
+
+    tasks = [asyncio.create_task(wait(job_id)) for job_id in ids]
+    await _until_awaited(connection, waiters)
+    claimed: list[dict[str, Any]] = []
+    while len(claimed) < waiters:
+        claim = {"worker": "bench", "queues": ["default"], "max": 100}
+        async with http.post("/jobs/next", json=claim) as reply:
+            claimed.extend((await reply.json())["jobs"])
+    for start in range(0, waiters, per_ack):
+        entries = [
+            {"id": job["id"], "receiptHandle": job["receiptHandle"]}
+            for job in claimed[start : start + per_ack]
+        ]
+        async with http.post("/jobs/ack", json={"entries": entries}) as reply:
+            assert reply.status == 200, await reply.text()
+    await asyncio.gather(*tasks)
+    finished = {
+        str(row["id"]): row["f"]
+        for row in await connection.fetch(
+            "SELECT id, EXTRACT(EPOCH FROM finished_at)::float8 AS f FROM job"
+        )
+    }
+    completed = sum(status == "COMPLETED" for _, status in answered.values())
+    return [(at - finished[job_id]) * 1000 for job_id, (at, _) in answered.items()], completed
+
+
+async def _latency(base: str, redis: str, waiters: int) -> dict[str, Any]:
+    url = await database.migrated_database(base, "jobq_bench_waiters")
+    stack = LocalStack(
+        url,
+        redis,
+        Path(tempfile.mkdtemp(prefix="jobq-bench-waiters-")),
+        workers=0,
+        producer_enabled=False,
+        smtp_enabled=False,
+    )
+    await stack.start()
+    pid = stack.processes["queue"].pid
+    connection = await asyncpg.connect(url)
+    headers = {"Authorization": f"Bearer {stack.internal_token}"}
+    connector = aiohttp.TCPConnector(limit=waiters + 10)
+    result: dict[str, Any] = {"waiters": waiters}
+    try:
+        async with aiohttp.ClientSession(stack.queue, headers=headers, connector=connector) as http:
+            quiet = await asyncio.to_thread(_cpu_percent, pid, 5.0)
+            # The CPU while `waiters` wait: a round whose acks begin after the measurement.
+            batch = [{"taskType": "noop", "payload": {}} for _ in range(waiters)]
+            async with http.post("/jobs/batch", json={"jobs": batch}) as reply:
+                ids = [entry["jobId"] for entry in (await reply.json())["results"]]
+            holders = [
+                asyncio.create_task(http.get(f"/jobs/{job_id}?waitSeconds=20")) for job_id in ids
+            ]
+            await _until_awaited(connection, waiters)
+            waiting = await asyncio.to_thread(_cpu_percent, pid, 5.0)
+            for holder in holders:
+                (await holder).release()
+            result["idle_cpu"] = {
+                "no_waiters_percent": quiet,
+                "waiters_percent": waiting,
+                "seconds": 5.0,
+            }
+            for name, per_ack in (("acks_of_100", 100), ("acks_of_1", 1)):
+                delays, completed = await _round(http, connection, waiters, per_ack)
+                result[name] = {
+                    "answered_completed": completed,
+                    "settle_to_answer": latency_summary(delays),
+                }
+    finally:
+        await connection.close()
+        stack.stop()
+    return result
+
+
+async def _settle_round(repository: JobRepository, jobs: int) -> float:
+    """Claim and ack `jobs` pre-inserted jobs 100 per statement; jobs per second."""
+    began = time.perf_counter()
+    done = 0
+    while done < jobs:
+        claimed = await repository.claim(["default"], "bench", 100, 30)
+        settled = await repository.ack_many([(job.id, job.receipt_handle, None) for job in claimed])
+        done += len(settled)
+    return jobs / (time.perf_counter() - began)
+
+
+async def _settle_cost(base: str, settles: int, rounds: int) -> dict[str, Any]:
+    url = await database.migrated_database(base, "jobq_bench_waiters_settle")
+    pool = await create_pool(url, size=2)
+    repository = JobRepository(pool)
+    rates: dict[str, list[float]] = {"trigger": [], "no_trigger": []}
+    try:
+        for round_ in range(rounds):
+            # ABBA order, so a drift of the shared machine's load weighs on both alike.
+            kinds = ("trigger", "no_trigger") if round_ % 2 == 0 else ("no_trigger", "trigger")
+            for kind in kinds:
+                action = "ENABLE" if kind == "trigger" else "DISABLE"
+                async with pool.acquire() as connection:
+                    await database.reset_jobs(connection)
+                    await connection.execute(f"ALTER TABLE job {action} TRIGGER {TRIGGER}")
+                    await database.insert_jobs(connection, settles)
+                rates[kind].append(await _settle_round(repository, settles))
+    finally:
+        await pool.close()
+    with_trigger, without = (statistics.median(rates[k]) for k in ("trigger", "no_trigger"))
+    # Also per round pair: the machine's load changes between rounds more than within one.
+    pairs = [t / n for t, n in zip(rates["trigger"], rates["no_trigger"], strict=True)]
+    return {
+        "jobs_per_round": settles,
+        "rounds": rounds,
+        "jobs_per_s": {k: [round(r) for r in v] for k, v in rates.items()},
+        "median_trigger_vs_none": round(with_trigger / without, 3),
+        "median_of_round_ratios": round(statistics.median(pairs), 3),
+    }
+
+
+async def main(arguments: argparse.Namespace) -> Path:
+    base, redis = ensure_postgres(), ensure_redis()
+    result = {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine_cores": psutil.cpu_count(),
+        "latency": await _latency(base, f"{redis}/0", arguments.waiters),
+        "settle_cost": await _settle_cost(base, arguments.settles, arguments.rounds),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"waiters-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return path
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--waiters", type=int, default=500)
+    parser.add_argument("--settles", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=6)
+    asyncio.run(main(parser.parse_args()))
