@@ -24,7 +24,7 @@ from infra import kubernetes
 from infra.kubernetes import OVERLAYS, Trigger, hpa_desired, keda_triggers, render
 from services.producer.settings import ProducerSettings
 from services.queue.settings import QueueSettings
-from services.worker.settings import DEFAULT_CONCURRENCY, WorkerSettings
+from services.worker.settings import DEFAULT_CONCURRENCY, WorkerSettings, split_queues
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
@@ -73,7 +73,8 @@ def test_every_overlay_renders(rendered: dict[str, list[dict[str, Any]]]) -> Non
         kinds = {item["kind"] for item in objects}
         assert {"Deployment", "Service", "Job", "NetworkPolicy"} <= kinds, overlay
         names = {item["metadata"]["name"] for item in _of(objects, "Deployment")}
-        assert names == {"jobq-queue", "jobq-producer", "jobq-worker"}, overlay
+        groups = {"jobq-worker-emails"} if overlay == "example-worker-groups" else set()
+        assert names == {"jobq-queue", "jobq-producer", "jobq-worker"} | groups, overlay
         namespaced = [i for i in objects if i["kind"] != "Namespace"]
         assert {i["metadata"].get("namespace") for i in namespaced} == {
             "jobq-dev" if overlay == "dev" else "jobq"
@@ -193,7 +194,10 @@ def test_resources_come_from_the_benchmark_figures(
         "worker": {k: v / 2 for k, v in classes["workers"].items()},
     }
     for component, figures in per_process.items():
-        text = (kubernetes.K8S_DIR / "base" / f"{component}.yaml").read_text()
+        source = (
+            "worker-group/deployment.yaml" if component == "worker" else f"base/{component}.yaml"
+        )
+        text = (kubernetes.K8S_DIR / source).read_text()
         assert "benchmark/README.md" in text and run in text, component
         (deployment,) = [
             d
@@ -441,3 +445,66 @@ def test_hpa_desired_follows_the_documented_rule() -> None:
     assert hpa_desired(age, 31, 2, 0, 20) == 2
     with pytest.raises(ValueError):
         hpa_desired(age, 1, 0, 0, 20)
+
+
+def _worker_queues(objects: list[dict[str, Any]], deployment: dict[str, Any]) -> set[str]:
+    """The queues a worker Deployment serves: its WORKER_QUEUES, read from the ConfigMap its
+    env entry names, as the worker parses it."""
+    configmaps = {c["metadata"]["name"]: c.get("data", {}) for c in _of(objects, "ConfigMap")}
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (entry,) = [e for e in container["env"] if e["name"] == "WORKER_QUEUES"]
+    ref = entry["valueFrom"]["configMapKeyRef"]
+    queues = split_queues(configmaps[ref["name"]][ref["key"]])
+    assert isinstance(queues, list)
+    return set(queues)
+
+
+def test_worker_groups_select_only_their_own_pods_and_scale_on_their_own_queues(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Every Deployment's and budget's selector matches its own pods and no other
+    Deployment's (so two worker groups never adopt, count or spread each other's pods), and
+    every worker ScaledObject's queries select exactly the queues of the group it scales."""
+    for overlay, objects in rendered.items():
+        deployments = _of(objects, "Deployment")
+        for owner in deployments:
+            for other in deployments:
+                matches = _selects(
+                    owner["spec"]["selector"], other["spec"]["template"]["metadata"]["labels"]
+                )
+                assert matches == (owner is other), (
+                    overlay,
+                    owner["metadata"]["name"],
+                    other["metadata"]["name"],
+                )
+        for budget in _of(objects, "PodDisruptionBudget"):
+            covered = [
+                d
+                for d in deployments
+                if _selects(budget["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"])
+            ]
+            assert len(covered) == 1, (overlay, budget["metadata"]["name"])
+        workers = {
+            d["metadata"]["name"]: d
+            for d in deployments
+            if d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+            == "worker"
+        }
+        for scaled in _of(objects, "ScaledObject"):
+            target = scaled["spec"]["scaleTargetRef"]["name"]
+            if target not in workers:
+                continue
+            served = _worker_queues(objects, workers[target])
+            for trigger in scaled["spec"]["triggers"]:
+                query = trigger["metadata"]["query"]
+                named = re.findall(r"queue=~\"([^\"]*)\"|queue = '([^']*)'", query)
+                assert named, (overlay, target, trigger["name"])
+                for regex, literal in named:
+                    assert set((regex or literal).split("|")) == served, (overlay, target, query)
+    example = rendered["example-worker-groups"]
+    (emails,) = [
+        d for d in _of(example, "Deployment") if d["metadata"]["name"] == "jobq-worker-emails"
+    ]
+    assert _worker_queues(example, emails) == {"email", "webhook"}
+    scaled = {s["spec"]["scaleTargetRef"]["name"] for s in _of(example, "ScaledObject")}
+    assert {"jobq-worker", "jobq-worker-emails"} <= scaled
