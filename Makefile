@@ -129,7 +129,7 @@ k8s-generated: install ## Regenerate infra/k8s's PrometheusRule and dashboard Co
 OVERLAY ?= production
 
 .PHONY: k8s
-k8s: install ## Print what `kubectl apply -k infra/k8s/overlays/$(OVERLAY)` applies [OVERLAY=dev|production|production-postgresql]
+k8s: install ## Print what `kubectl apply -k infra/k8s/overlays/$(OVERLAY)` applies [OVERLAY=dev|production|production-postgresql|example-worker-groups]
 	@$(BIN)/kubectl kustomize infra/k8s/overlays/$(OVERLAY)
 
 .PHONY: k6

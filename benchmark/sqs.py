@@ -209,6 +209,11 @@ def _phases(
             "seconds": round(seconds, 3),
             "messages_per_s": round(messages / seconds, 1),
             "cpu_us_per_message": cpu_per_job_us(usage, messages),
+            # Per process class, for sizing (infra/k8s/base/sqs.yaml's requests and limits).
+            "cpu_percent": {
+                k: round(v["cpu_seconds"] / seconds * 100, 1) for k, v in usage.items()
+            },
+            "rss_peak_mb": {k: v["rss_peak_mb"] for k, v in usage.items()},
         }
     send, receive, delete = calls
     result["send"]["latency"] = latency_summary(send.ms)
@@ -247,7 +252,13 @@ def summary(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         key: round(sides["sqs"][key] / sides["jobq"][key], 3) if sides["jobq"][key] else None
         for key in sides["sqs"]
     }
-    return {**sides, "ratio_sqs_to_jobq": ratio}
+    phases = [entry["sqs"][phase] for entry in rounds for phase in ("send", "drain")]
+    # The SQS endpoint process's own highest RSS and CPU over every round's phases (sizing).
+    endpoint = {
+        "rss_peak_mb": max(p.get("rss_peak_mb", {}).get("sqs", 0.0) for p in phases),
+        "cpu_percent": max(p.get("cpu_percent", {}).get("sqs", 0.0) for p in phases),
+    }
+    return {**sides, "ratio_sqs_to_jobq": ratio, "sqs_endpoint": endpoint}
 
 
 def plot(document: dict[str, Any], path: Path) -> None:

@@ -32,7 +32,7 @@ from infra.prometheus_config import RULES_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S_DIR = ROOT / "infra" / "k8s"
-OVERLAYS = ("dev", "production", "production-postgresql")
+OVERLAYS = ("dev", "production", "production-postgresql", "example-worker-groups")
 MONITORING = K8S_DIR / "components" / "prometheus-operator"
 RULE_FILE = MONITORING / "prometheusrule.yaml"
 DASHBOARD_FILE = MONITORING / "grafana-dashboard.yaml"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import re
 import socket
+from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
+from pydantic_settings import NoDecode
 
 from common.contracts import (
     CLAIM_MAX,
@@ -35,10 +37,25 @@ and a claim asks for every free slot at once, so more slots mean fewer, larger c
 slots a worker spends most of its time on round trips: docs/architecture.md#performance)."""
 
 
+def split_queues(value: object) -> object:
+    """`email|webhook` or `email, webhook` → ["email", "webhook"]; anything but a string passes
+    unchanged. `|` as well as `,`: the `|` form is also the regular expression a worker group's
+    KEDA queries select those queues with, so one value configures both (infra/k8s/worker-group);
+    neither can be part of a queue name (NAME_PATTERN)."""
+    if isinstance(value, str):
+        return [part.strip() for part in re.split(r"[,|]", value) if part.strip()]
+    return value
+
+
+QueueList = Annotated[list[str], NoDecode, BeforeValidator(split_queues)]
+"""The queues a worker serves, separated by `,` or `|` (`split_queues`)."""
+
+
 class WorkerSettings(EmailPolicySettings):
     """Everything a worker replica reads from its environment.
 
-    List settings are comma-separated (`WORKER_QUEUES=default,email`).
+    List settings are comma-separated (`WORKER_QUEUES=default,email`); WORKER_QUEUES also
+    takes `|` (`email|webhook`, as a worker group's kustomization writes it).
     """
 
     queue_service_url: str = "http://127.0.0.1:8081"
@@ -49,7 +66,7 @@ class WorkerSettings(EmailPolicySettings):
         max_length=WORKER_NAME_MAX,
         pattern=r"^[\x21-\x7e]+$",
     )
-    worker_queues: CommaList = ["default"]
+    worker_queues: QueueList = ["default"]
     worker_concurrency: int = Field(default=DEFAULT_CONCURRENCY, ge=1, le=CLAIM_MAX)
     worker_wait_seconds: float = Field(default=20, ge=0, le=WAIT_SECONDS_MAX)
     worker_visibility_timeout: int | None = Field(default=None, ge=1, le=VISIBILITY_TIMEOUT_MAX)

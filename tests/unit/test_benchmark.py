@@ -170,3 +170,25 @@ def test_sqs_benchmark_summary_takes_medians_and_ratios() -> None:
     assert result["ratio_sqs_to_jobq"]["send_messages_per_s"] == 0.6
     assert result["ratio_sqs_to_jobq"]["drain_messages_per_s"] == round(300 / 900, 3)
     assert result["ratio_sqs_to_jobq"]["cpu_us_per_message"] == round(800 / 300, 3)
+
+
+def test_sqs_benchmark_summary_keeps_the_endpoints_highest_rss_and_cpu() -> None:
+    """Sizing reads the SQS endpoint process's peak over every round and phase."""
+    from benchmark.sqs import summary
+
+    def side(rss: float, cpu: float) -> dict[str, Any]:
+        latency = {"p95_ms": 10.0}
+        phase = {
+            "messages_per_s": 100.0,
+            "cpu_us_per_message": {"total": 1.0},
+            "rss_peak_mb": {"sqs": rss, "queue": 500.0},
+            "cpu_percent": {"sqs": cpu, "queue": 90.0},
+        }
+        return {
+            "send": {**phase, "latency": latency},
+            "drain": {**phase, "receive_latency": latency, "delete_latency": latency},
+            "round_trip_messages_per_s": 50.0,
+        }
+
+    rounds = [{"sqs": side(60, 20), "jobq": side(0, 0)}, {"sqs": side(70, 15), "jobq": side(0, 0)}]
+    assert summary(rounds)["sqs_endpoint"] == {"rss_peak_mb": 70, "cpu_percent": 20}

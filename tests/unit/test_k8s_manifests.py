@@ -24,7 +24,8 @@ from infra import kubernetes
 from infra.kubernetes import OVERLAYS, Trigger, hpa_desired, keda_triggers, render
 from services.producer.settings import ProducerSettings
 from services.queue.settings import QueueSettings
-from services.worker.settings import DEFAULT_CONCURRENCY, WorkerSettings
+from services.sqs.settings import SqsSettings
+from services.worker.settings import DEFAULT_CONCURRENCY, WorkerSettings, split_queues
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "infra" / "compose.yml").read_text())
@@ -42,7 +43,10 @@ DRAIN = {
     "queue": QueueSettings.model_fields["queue_shutdown_grace"].default,
     "producer": ProducerSettings.model_fields["producer_shutdown_grace"].default,
     "worker": WorkerSettings.model_fields["worker_shutdown_grace"].default,
+    "sqs": SqsSettings.model_fields["sqs_shutdown_grace"].default,
 }
+PUBLIC = {"producer": 8080, "sqs": 9324}
+"""The components reachable from outside, and their ports."""
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +77,8 @@ def test_every_overlay_renders(rendered: dict[str, list[dict[str, Any]]]) -> Non
         kinds = {item["kind"] for item in objects}
         assert {"Deployment", "Service", "Job", "NetworkPolicy"} <= kinds, overlay
         names = {item["metadata"]["name"] for item in _of(objects, "Deployment")}
-        assert names == {"jobq-queue", "jobq-producer", "jobq-worker"}, overlay
+        groups = {"jobq-worker-emails"} if overlay == "example-worker-groups" else set()
+        assert names == {"jobq-queue", "jobq-producer", "jobq-sqs", "jobq-worker"} | groups, overlay
         namespaced = [i for i in objects if i["kind"] != "Namespace"]
         assert {i["metadata"].get("namespace") for i in namespaced} == {
             "jobq-dev" if overlay == "dev" else "jobq"
@@ -193,7 +198,10 @@ def test_resources_come_from_the_benchmark_figures(
         "worker": {k: v / 2 for k, v in classes["workers"].items()},
     }
     for component, figures in per_process.items():
-        text = (kubernetes.K8S_DIR / "base" / f"{component}.yaml").read_text()
+        source = (
+            "worker-group/deployment.yaml" if component == "worker" else f"base/{component}.yaml"
+        )
+        text = (kubernetes.K8S_DIR / source).read_text()
         assert "benchmark/README.md" in text and run in text, component
         (deployment,) = [
             d
@@ -204,6 +212,22 @@ def test_resources_come_from_the_benchmark_figures(
         assert _mebibytes(resources["requests"]["memory"]) >= figures["rss_mb"], component
         assert _mebibytes(resources["limits"]["memory"]) >= 2 * figures["rss_mb"], component
         assert _cores(resources["requests"]["cpu"]) >= figures["cpu_percent"] / 100, component
+
+
+def test_the_sqs_endpoint_is_sized_from_its_benchmark() -> None:
+    """The SQS endpoint's requests cover the highest RSS and CPU its own process reached in
+    `make bench-sqs` (sending, receiving and deleting), its memory limit twice that RSS."""
+    run = "sqs-20261204T190031Z"
+    measured = json.loads((ROOT / "benchmark" / "results" / f"{run}.json").read_text())
+    figures = measured["summary"]["sqs_endpoint"]
+    assert figures["rss_peak_mb"] > 0 and figures["cpu_percent"] > 0
+    text = (kubernetes.K8S_DIR / "base" / "sqs.yaml").read_text()
+    assert "benchmark/README.md" in text and run in text
+    (deployment,) = yaml.safe_load_all(text)
+    resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert _mebibytes(resources["requests"]["memory"]) >= figures["rss_peak_mb"]
+    assert _mebibytes(resources["limits"]["memory"]) >= 2 * figures["rss_peak_mb"]
+    assert _cores(resources["requests"]["cpu"]) >= figures["cpu_percent"] / 100
 
 
 def test_every_deployment_has_a_disruption_budget(
@@ -282,7 +306,7 @@ def test_only_the_producer_is_reachable_and_only_the_queue_reaches_postgresql(
                     excluded = [ipaddress.ip_network(n) for n in block.get("except", [])]
                     if ipaddress.ip_network(block["cidr"]).version == 4:
                         assert all(net in excluded for net in private), (overlay, component)
-        assert open_to_all == {"producer"}, overlay
+        assert open_to_all == set(PUBLIC), overlay
         assert to_postgres == {"queue", "migrate"}, overlay
         assert to_redis == {"queue", "producer"}, overlay
         services = _of(objects, "Service")
@@ -290,7 +314,66 @@ def test_only_the_producer_is_reachable_and_only_the_queue_reaches_postgresql(
         for ingress in _of(objects, "Ingress"):
             for rule in ingress["spec"]["rules"]:
                 backends = {p["backend"]["service"]["name"] for p in rule["http"]["paths"]}
-                assert backends == {"jobq-producer"}, overlay
+                assert backends <= {f"jobq-{c}" for c in PUBLIC}, overlay
+                assert len(backends) == 1, overlay
+        _assert_internal_paths_are_fenced(_of(objects, "Ingress"), overlay)
+
+
+FENCE = "nginx.ingress.kubernetes.io/whitelist-source-range"
+
+
+def _assert_internal_paths_are_fenced(ingresses: list[dict[str, Any]], overlay: str) -> None:
+    """A host routing every path (`/`, Prefix) also routes /metrics and /health through an
+    Ingress that only the loopback address may use; no other Ingress routes those paths."""
+    for ingress in ingresses:
+        fenced = ingress["metadata"].get("annotations", {}).get(FENCE) == "127.0.0.1/32"
+        for rule in ingress["spec"]["rules"]:
+            paths = {p["path"] for p in rule["http"]["paths"]}
+            if fenced:
+                assert paths == {"/metrics", "/health"}, overlay
+                continue
+            assert not paths & {"/metrics", "/health"}, overlay
+            if "/" in paths:
+                fences = [
+                    other
+                    for other in ingresses
+                    if other["metadata"].get("annotations", {}).get(FENCE) == "127.0.0.1/32"
+                    and any(r["host"] == rule["host"] for r in other["spec"]["rules"])
+                ]
+                assert len(fences) == 1, (overlay, rule["host"])
+
+
+def test_the_sqs_endpoint_is_public_and_reaches_only_the_queue_service(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Ingress from anywhere on its port, egress to the queue service's port only (besides
+    DNS); the queue service admits it; a Service and, in production, an Ingress route to it."""
+    labels = {"app.kubernetes.io/name": "jobq", "app.kubernetes.io/component": "sqs"}
+    queue = {"app.kubernetes.io/name": "jobq", "app.kubernetes.io/component": "queue"}
+    for overlay, objects in rendered.items():
+        (own,) = [p for p in _policies_for(objects, labels) if p["spec"]["podSelector"]]
+        assert own["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 9324}]}]
+        (egress,) = own["spec"]["egress"]
+        assert egress == {
+            "to": [{"podSelector": {"matchLabels": queue}}],
+            "ports": [{"protocol": "TCP", "port": 8081}],
+        }, overlay
+        (queue_policy,) = [p for p in _policies_for(objects, queue) if p["spec"]["podSelector"]]
+        sources = [
+            peer.get("podSelector", {}).get("matchLabels")
+            for peer in queue_policy["spec"]["ingress"][0]["from"]
+        ]
+        assert labels in sources, overlay
+        (service,) = [s for s in _of(objects, "Service") if s["metadata"]["name"] == "jobq-sqs"]
+        assert service["spec"]["ports"] == [{"name": "http", "port": 9324, "targetPort": "http"}]
+        if overlay != "dev":
+            routed = {
+                p["backend"]["service"]["name"]
+                for i in _of(objects, "Ingress")
+                for r in i["spec"]["rules"]
+                for p in r["http"]["paths"]
+            }
+            assert routed == {"jobq-producer", "jobq-sqs"}, overlay
 
 
 def _env_names(objects: list[dict[str, Any]]) -> set[str]:
@@ -330,7 +413,7 @@ def test_compose_and_the_manifests_use_one_image_and_the_same_settings(
     """A setting compose gives a jobq process and the manifests do not (or the reverse) fails
     here; so does a name `.env.example` does not list."""
     jobq = {n: s for n, s in COMPOSE["services"].items() if s.get("image") == "jobq:local"}
-    assert set(jobq) == {"migrate", "queue", "producer", "worker"}
+    assert set(jobq) == {"migrate", "queue", "producer", "sqs", "worker"}
     compose_names = {name for service in jobq.values() for name in service["environment"]}
     example = (ROOT / ".env.example").read_text()
     listed = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]+)=", example, re.MULTILINE))
@@ -389,7 +472,7 @@ def test_scrape_jobs_are_named_as_the_rules_and_dashboard_expect(
     components = {
         s["metadata"]["labels"]["app.kubernetes.io/component"] for s in _of(objects, "Service")
     }
-    assert components == {"queue", "producer"}
+    assert components == {"queue", "producer", "sqs"}
     (pods,) = _of(objects, "PodMonitor")
     (endpoint,) = pods["spec"]["podMetricsEndpoints"]
     assert {"action": "replace", "targetLabel": "job", "replacement": "worker"} in endpoint[
@@ -441,3 +524,66 @@ def test_hpa_desired_follows_the_documented_rule() -> None:
     assert hpa_desired(age, 31, 2, 0, 20) == 2
     with pytest.raises(ValueError):
         hpa_desired(age, 1, 0, 0, 20)
+
+
+def _worker_queues(objects: list[dict[str, Any]], deployment: dict[str, Any]) -> set[str]:
+    """The queues a worker Deployment serves: its WORKER_QUEUES, read from the ConfigMap its
+    env entry names, as the worker parses it."""
+    configmaps = {c["metadata"]["name"]: c.get("data", {}) for c in _of(objects, "ConfigMap")}
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (entry,) = [e for e in container["env"] if e["name"] == "WORKER_QUEUES"]
+    ref = entry["valueFrom"]["configMapKeyRef"]
+    queues = split_queues(configmaps[ref["name"]][ref["key"]])
+    assert isinstance(queues, list)
+    return set(queues)
+
+
+def test_worker_groups_select_only_their_own_pods_and_scale_on_their_own_queues(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Every Deployment's and budget's selector matches its own pods and no other
+    Deployment's (so two worker groups never adopt, count or spread each other's pods), and
+    every worker ScaledObject's queries select exactly the queues of the group it scales."""
+    for overlay, objects in rendered.items():
+        deployments = _of(objects, "Deployment")
+        for owner in deployments:
+            for other in deployments:
+                matches = _selects(
+                    owner["spec"]["selector"], other["spec"]["template"]["metadata"]["labels"]
+                )
+                assert matches == (owner is other), (
+                    overlay,
+                    owner["metadata"]["name"],
+                    other["metadata"]["name"],
+                )
+        for budget in _of(objects, "PodDisruptionBudget"):
+            covered = [
+                d
+                for d in deployments
+                if _selects(budget["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"])
+            ]
+            assert len(covered) == 1, (overlay, budget["metadata"]["name"])
+        workers = {
+            d["metadata"]["name"]: d
+            for d in deployments
+            if d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+            == "worker"
+        }
+        for scaled in _of(objects, "ScaledObject"):
+            target = scaled["spec"]["scaleTargetRef"]["name"]
+            if target not in workers:
+                continue
+            served = _worker_queues(objects, workers[target])
+            for trigger in scaled["spec"]["triggers"]:
+                query = trigger["metadata"]["query"]
+                named = re.findall(r"queue=~\"([^\"]*)\"|queue = '([^']*)'", query)
+                assert named, (overlay, target, trigger["name"])
+                for regex, literal in named:
+                    assert set((regex or literal).split("|")) == served, (overlay, target, query)
+    example = rendered["example-worker-groups"]
+    (emails,) = [
+        d for d in _of(example, "Deployment") if d["metadata"]["name"] == "jobq-worker-emails"
+    ]
+    assert _worker_queues(example, emails) == {"email", "webhook"}
+    scaled = {s["spec"]["scaleTargetRef"]["name"] for s in _of(example, "ScaledObject")}
+    assert {"jobq-worker", "jobq-worker-emails"} <= scaled

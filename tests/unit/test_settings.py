@@ -25,6 +25,14 @@ def test_durations_and_lists_from_the_environment(monkeypatch: pytest.MonkeyPatc
     assert worker.webhook_allowed_hosts == ["localhost", "127.0.0.1"]
 
 
+def test_worker_queues_take_the_bar_form_of_a_worker_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`email|webhook` is a list for the worker and the regex of its group's KEDA queries."""
+    monkeypatch.setenv("WORKER_QUEUES", "email|webhook")
+    assert WorkerSettings().worker_queues == ["email", "webhook"]
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
