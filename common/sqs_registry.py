@@ -28,8 +28,11 @@ Tenant = Annotated[str, Meta(pattern=NAME_PATTERN, description="A tenant name.")
 SqsName = Annotated[str, Meta(pattern=SQS_NAME_PATTERN, description="An SQS queue name.")]
 Attributes = Annotated[
     dict[
-        Annotated[str, Meta(min_length=1, max_length=64)],
-        Annotated[str, Meta(max_length=SQS_ATTRIBUTE_VALUE_MAX)],
+        # No NUL (PostgreSQL's jsonb cannot store it) and no lone surrogate: refused with 422.
+        Annotated[str, Meta(min_length=1, max_length=64, pattern="^[^\\x00\\ud800-\\udfff]+$")],
+        Annotated[
+            str, Meta(max_length=SQS_ATTRIBUTE_VALUE_MAX, pattern="^[^\\x00\\ud800-\\udfff]*$")
+        ],
     ],
     Meta(max_length=SQS_ATTRIBUTES_MAX),
 ]

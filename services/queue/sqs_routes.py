@@ -9,6 +9,7 @@ from typing import Annotated
 
 from litestar import Controller, Response, delete, get, patch, post
 from litestar.di import NamedDependency
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody, Parameter, QueryParameter
 
 from common.contracts import NAME_PATTERN
@@ -42,7 +43,10 @@ class SqsController(Controller):
         status_code=201,
         dto=StrictJSON[SqsQueueRequest],
         summary="Declare an SQS queue (or find the one declared)",
-        responses=problems(409, 413, 415),
+        responses={
+            200: ResponseSpec(SqsQueueReply, description="Declared before: the queue as it is"),
+            **problems(409, 413, 415),
+        },
     )
     async def declare(
         self, data: JSONBody[SqsQueueRequest], sqs_store: NamedDependency[SqsStore]
