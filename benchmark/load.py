@@ -146,7 +146,7 @@ async def run_on_fresh_stack(
 ) -> tuple[int, dict[str, Any]]:
     """Start a stack (running the services of the checkout at `root`), run k6 against it,
     measure completion; (k6's exit code, result)."""
-    database_url = await migrated_database(ensure_postgres(), "jobq_k6")
+    database_url = await migrated_database(ensure_postgres(), "jobq_k6", root)
     key = secrets.token_urlsafe(24)
     logs = Path(tempfile.mkdtemp(prefix="jobq-k6-"))
     stack = LocalStack(
