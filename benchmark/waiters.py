@@ -8,8 +8,11 @@ trigger costs the settle statements when nobody waits (docs/adr/008-waiting-for-
 - `latency`: a queue service process (real HTTP, its own database) holds `--waiters` waiters
   on as many jobs; the jobs are claimed, then acked 100 per request (`acks_of_100`: 100
   answers leave together) or one per request (`acks_of_1`), one request at a time, and each
-  waiter's latency is the time its answer arrived minus the job's `finished_at` (the same host
-  clock). `idle_cpu`: the queue service's CPU (percent of one core) over 5 s while the
+  waiter's latency is the time its answer's head arrived on its socket minus the job's
+  `finished_at` (the same host clock; `finished_at` is the ack statement's start, so the
+  figure also holds the statement's own run and commit). Waiters are bare sockets, not an
+  HTTP client library, so the measuring process adds little of its own per answer; with acks
+  of 100, `first_and_last_per_ack_ms` gives each ack's first and last answer. `idle_cpu`: the queue service's CPU (percent of one core) over 5 s while the
   waiters wait (their jobs stay PENDING), beside 5 s with none.
 - `settle_cost`: claim + ack of `--settles` jobs, 100 per statement, through the repository,
   with the trigger enabled and disabled, alternating rounds; jobs per second of each.
@@ -20,15 +23,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import asyncpg
+import msgspec
 import psutil
 
 from benchmark import database
@@ -58,24 +64,49 @@ def _cpu_percent(pid: int, seconds: float) -> float:
     return round((sum(process.cpu_times()[:2]) - before) / seconds * 100, 2)
 
 
+async def _raw_waiter(
+    address: tuple[str, int], token: str, job_id: str
+) -> tuple[asyncio.StreamWriter, asyncio.Task[tuple[float, str]]]:
+    """Open a connection, send `GET /jobs/{id}?waitSeconds=20` on it, and return it with a task
+    ending with (the time the answer's head arrived, the job's status in its body). A bare
+    socket rather than aiohttp: with 100 answers leaving together, aiohttp's parsing of each
+    (in this one process, on the same cores as the service) queued them behind each other and
+    was most of the latency measured; here the time is taken as the head arrives, and the
+    body is decoded after."""
+    reader, writer = await asyncio.open_connection(*address)
+    writer.write(
+        f"GET /jobs/{job_id}?waitSeconds=20 HTTP/1.1\r\nHost: {address[0]}\r\n"
+        f"Authorization: Bearer {token}\r\n\r\n".encode()
+    )
+
+    async def answer() -> tuple[float, str]:
+        head = await reader.readuntil(b"\r\n\r\n")
+        arrived = time.time()
+        found = re.search(rb"(?i)content-length: *(\d+)", head)
+        assert found is not None, head
+        body = await reader.readexactly(int(found.group(1)))
+        return arrived, str(msgspec.json.decode(body)["status"])
+
+    return writer, asyncio.create_task(answer())
+
+
 async def _round(
-    http: aiohttp.ClientSession, connection: asyncpg.Connection, waiters: int, per_ack: int
-) -> tuple[list[float], int]:
+    http: aiohttp.ClientSession,
+    connection: asyncpg.Connection,
+    address: tuple[str, int],
+    token: str,
+    waiters: int,
+    per_ack: int,
+) -> tuple[list[float], int, list[tuple[float, float]]]:
     """`waiters` waiters on as many jobs, then the jobs acked `per_ack` per request (one
-    request at a time). Returns each answer's delay after its job's `finished_at` (ms), and how
-    many answered COMPLETED."""
+    request at a time). Returns each answer's delay after its job's `finished_at` (ms), how
+    many answered COMPLETED, and per ack request the first and the last of its answers' delays
+    (ms; how long its burst of answers took to leave)."""
     await database.reset_jobs(connection)
     batch = [{"taskType": "noop", "payload": {"i": i}} for i in range(waiters)]
     async with http.post("/jobs/batch", json={"jobs": batch}) as reply:
         ids = [entry["jobId"] for entry in (await reply.json())["results"]]
-    answered: dict[str, tuple[float, str]] = {}
-
-    async def wait(job_id: str) -> None:
-        async with http.get(f"/jobs/{job_id}?waitSeconds=20") as reply:
-            body = await reply.json()
-        answered[job_id] = (time.time(), body["status"])
-
-    tasks = [asyncio.create_task(wait(job_id)) for job_id in ids]
+    opened = [await _raw_waiter(address, token, job_id) for job_id in ids]
     await _until_awaited(connection, waiters)
     claimed: list[dict[str, Any]] = []
     while len(claimed) < waiters:
@@ -89,7 +120,10 @@ async def _round(
         ]
         async with http.post("/jobs/ack", json={"entries": entries}) as reply:
             assert reply.status == 200, await reply.text()
-    await asyncio.gather(*tasks)
+    results = await asyncio.gather(*(task for _, task in opened))
+    for writer, _ in opened:
+        writer.close()
+    answered = dict(zip(ids, results, strict=True))
     finished = {
         str(row["id"]): row["f"]
         for row in await connection.fetch(
@@ -97,7 +131,16 @@ async def _round(
         )
     }
     completed = sum(status == "COMPLETED" for _, status in answered.values())
-    return [(at - finished[job_id]) * 1000 for job_id, (at, _) in answered.items()], completed
+    delays = {job_id: (at - finished[job_id]) * 1000 for job_id, (at, _) in answered.items()}
+    order = [str(job["id"]) for job in claimed]
+    bursts = [
+        (
+            round(min(delays[i] for i in order[start : start + per_ack]), 2),
+            round(max(delays[i] for i in order[start : start + per_ack]), 2),
+        )
+        for start in range(0, waiters, per_ack)
+    ]
+    return list(delays.values()), completed, bursts
 
 
 async def _latency(base: str, redis: str, waiters: int) -> dict[str, Any]:
@@ -115,6 +158,7 @@ async def _latency(base: str, redis: str, waiters: int) -> dict[str, Any]:
     connection = await asyncpg.connect(url)
     headers = {"Authorization": f"Bearer {stack.internal_token}"}
     connector = aiohttp.TCPConnector(limit=waiters + 10)
+    parsed = urlsplit(stack.queue)
     result: dict[str, Any] = {"waiters": waiters}
     try:
         async with aiohttp.ClientSession(stack.queue, headers=headers, connector=connector) as http:
@@ -135,12 +179,17 @@ async def _latency(base: str, redis: str, waiters: int) -> dict[str, Any]:
                 "waiters_percent": waiting,
                 "seconds": 5.0,
             }
+            address = (parsed.hostname or "127.0.0.1", parsed.port or 80)
             for name, per_ack in (("acks_of_100", 100), ("acks_of_1", 1)):
-                delays, completed = await _round(http, connection, waiters, per_ack)
+                delays, completed, bursts = await _round(
+                    http, connection, address, stack.internal_token, waiters, per_ack
+                )
                 result[name] = {
                     "answered_completed": completed,
                     "settle_to_answer": latency_summary(delays),
                 }
+                if per_ack > 1:
+                    result[name]["first_and_last_per_ack_ms"] = bursts
     finally:
         await connection.close()
         stack.stop()

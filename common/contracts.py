@@ -338,8 +338,14 @@ class ClaimRequest(_Wire):
     """The worker's concurrency, shown in the workers view (optional: older workers omit it)."""
 
 
-class JobMessage(_Wire):
-    """A claimed job as a worker receives it; `receipt_handle` fences every later report."""
+class _Reply(msgspec.Struct, kw_only=True, rename="camel"):
+    """Base of a reply a jobq process decodes from another (camelCase): fields it does not
+    know are ignored, so a newer sender may add fields without breaking an older reader."""
+
+
+class JobMessage(_Reply):
+    """A claimed job as a worker receives it; `receipt_handle` fences every later report.
+    `queue` and `tenant` are the job's (None only from a queue service older than them)."""
 
     id: uuid.UUID
     task_type: str
@@ -351,10 +357,12 @@ class JobMessage(_Wire):
     visibility_timeout: int
     visible_at: datetime
     idempotency_key: str | None
+    queue: str | None = None
+    tenant: str | None = None
     trace_context: TraceContext | None = None
 
 
-class ClaimResponse(_Wire, omit_defaults=True):
+class ClaimResponse(_Reply, omit_defaults=True):
     """`200` reply to a claim: the jobs claimed (at least one, unless the claim carried
     acks), and one outcome per ack it carried, in order."""
 
