@@ -151,11 +151,13 @@ class TraceContext(_Wire):
     ) = None
 
 
-class EnqueueRequest(SubmitJobRequest):
+class EnqueueRequest(SubmitJobRequest, omit_defaults=True):
     """`POST /jobs` body on the queue service: the producer's request plus the id it minted
     and the tenant that owns the job (docs/architecture.md#tenants; default `default`).
 
     Carrying the id makes a retried forward a replay of the same job, never a duplicate.
+    Encoded without the fields at their defaults (a forward without tracing carries no
+    `"traceContext": null`); decoding restores them.
     """
 
     job_id: uuid.UUID | None = None
