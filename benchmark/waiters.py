@@ -2,7 +2,7 @@
 settles, what hundreds of waiters cost the queue service while they wait, and what the settle
 trigger costs the settle statements when nobody waits (docs/adr/008-waiting-for-outcomes.md).
 
-`python -m benchmark.waiters [--waiters 500] [--settles 20000]` writes
+`python -m benchmark.waiters [--waiters 500] [--settles 20000] [--profile FILE]` writes
 `benchmark/results/waiters-<UTC time>.json`:
 
 - `latency`: a queue service process (real HTTP, its own database) holds `--waiters` waiters
@@ -12,8 +12,10 @@ trigger costs the settle statements when nobody waits (docs/adr/008-waiting-for-
   `finished_at` (the same host clock; `finished_at` is the ack statement's start, so the
   figure also holds the statement's own run and commit). Waiters are bare sockets, not an
   HTTP client library, so the measuring process adds little of its own per answer; with acks
-  of 100, `first_and_last_per_ack_ms` gives each ack's first and last answer. `idle_cpu`: the queue service's CPU (percent of one core) over 5 s while the
-  waiters wait (their jobs stay PENDING), beside 5 s with none.
+  of 100, `first_and_last_per_ack_ms` gives each ack's first and last answer (`--profile
+  FILE`: py-spy's summary of the queue service meanwhile). `idle_cpu`: the queue service's
+  CPU (percent of one core) over 5 s while the waiters wait (their jobs stay PENDING),
+  beside 5 s with none.
 - `settle_cost`: claim + ack of `--settles` jobs, 100 per statement, through the repository,
   with the trigger enabled and disabled, alternating rounds; jobs per second of each.
 """
@@ -38,6 +40,7 @@ import msgspec
 import psutil
 
 from benchmark import database
+from benchmark.profile import _spy, summarise
 from benchmark.stats import latency_summary
 from infra.servers import ensure_postgres, ensure_redis
 from infra.stack import ROOT, LocalStack
@@ -143,7 +146,11 @@ async def _round(
     return list(delays.values()), completed, bursts
 
 
-async def _latency(base: str, redis: str, waiters: int) -> dict[str, Any]:
+async def _latency(
+    base: str, redis: str, waiters: int, profile: Path | None = None
+) -> dict[str, Any]:
+    """The `latency` and `idle_cpu` parts; with `profile` (a file for py-spy's raw output),
+    the queue service's frames while the acks of 100 are answered."""
     url = await database.migrated_database(base, "jobq_bench_waiters")
     stack = LocalStack(
         url,
@@ -181,9 +188,15 @@ async def _latency(base: str, redis: str, waiters: int) -> dict[str, Any]:
             }
             address = (parsed.hostname or "127.0.0.1", parsed.port or 80)
             for name, per_ack in (("acks_of_100", 100), ("acks_of_1", 1)):
+                spy = None
+                if profile is not None and per_ack > 1:
+                    spy = _spy(pid, 250, 8, profile)
                 delays, completed, bursts = await _round(
                     http, connection, address, stack.internal_token, waiters, per_ack
                 )
+                if spy is not None:
+                    await asyncio.to_thread(spy.wait)
+                    result["profile_acks_of_100"] = summarise(profile)  # type: ignore[arg-type]
                 result[name] = {
                     "answered_completed": completed,
                     "settle_to_answer": latency_summary(delays),
@@ -242,7 +255,7 @@ async def main(arguments: argparse.Namespace) -> Path:
     result = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine_cores": psutil.cpu_count(),
-        "latency": await _latency(base, f"{redis}/0", arguments.waiters),
+        "latency": await _latency(base, f"{redis}/0", arguments.waiters, arguments.profile),
         "settle_cost": await _settle_cost(base, arguments.settles, arguments.rounds),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -257,4 +270,7 @@ if __name__ == "__main__":
     parser.add_argument("--waiters", type=int, default=500)
     parser.add_argument("--settles", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--profile", type=Path, help="py-spy the queue service during the acks of 100 (raw file)"
+    )
     asyncio.run(main(parser.parse_args()))
