@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
+from opentelemetry.trace import SpanKind
 
 from common.enqueue import ENQUEUE_ASYNCPG, FIND_EXISTING_ASYNCPG
 from common.web import tracing
@@ -78,8 +79,6 @@ class TracedConnection(asyncpg.Connection):  # type: ignore[misc]
         tracer = tracing.tracer
         if tracer is None:
             return contextlib.nullcontext()
-        from opentelemetry.trace import SpanKind
-
         name = name_of(statement)
         attributes = {
             "db.system.name": "postgresql",
