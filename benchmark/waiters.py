@@ -2,7 +2,8 @@
 settles, what hundreds of waiters cost the queue service while they wait, and what the settle
 trigger costs the settle statements when nobody waits (docs/adr/008-waiting-for-outcomes.md).
 
-`python -m benchmark.waiters [--waiters 500] [--settles 20000] [--profile FILE]` writes
+`python -m benchmark.waiters [--waiters 500] [--settles 20000] [--rounds 6] [--client raw]
+[--profile FILE]` writes
 `benchmark/results/waiters-<UTC time>.json`:
 
 - `latency`: a queue service process (real HTTP, its own database) holds `--waiters` waiters
@@ -11,7 +12,9 @@ trigger costs the settle statements when nobody waits (docs/adr/008-waiting-for-
   waiter's latency is the time its answer's head arrived on its socket minus the job's
   `finished_at` (the same host clock; `finished_at` is the ack statement's start, so the
   figure also holds the statement's own run and commit). Waiters are bare sockets, not an
-  HTTP client library, so the measuring process adds little of its own per answer; with acks
+  HTTP client library, so the measuring process adds little of its own per answer
+  (`--client aiohttp`: the earlier measurement, taken after aiohttp read and decoded each
+  answer in the process that also sends the acks); with acks
   of 100, `first_and_last_per_ack_ms` gives each ack's first and last answer (`--profile
   FILE`: py-spy's summary of the queue service meanwhile). `idle_cpu`: the queue service's
   CPU (percent of one core) over 5 s while the waiters wait (their jobs stay PENDING),
@@ -93,6 +96,14 @@ async def _raw_waiter(
     return writer, asyncio.create_task(answer())
 
 
+async def _aiohttp_waiter(http: aiohttp.ClientSession, job_id: str) -> tuple[float, str]:
+    """The measurement before bare sockets (`--client aiohttp`): the time taken after aiohttp
+    read and decoded the whole answer, in the process that also sends the acks."""
+    async with http.get(f"/jobs/{job_id}?waitSeconds=20") as reply:
+        body = await reply.json()
+    return time.time(), str(body["status"])
+
+
 async def _round(
     http: aiohttp.ClientSession,
     connection: asyncpg.Connection,
@@ -100,6 +111,7 @@ async def _round(
     token: str,
     waiters: int,
     per_ack: int,
+    client: str = "raw",
 ) -> tuple[list[float], int, list[tuple[float, float]]]:
     """`waiters` waiters on as many jobs, then the jobs acked `per_ack` per request (one
     request at a time). Returns each answer's delay after its job's `finished_at` (ms), how
@@ -109,7 +121,12 @@ async def _round(
     batch = [{"taskType": "noop", "payload": {"i": i}} for i in range(waiters)]
     async with http.post("/jobs/batch", json={"jobs": batch}) as reply:
         ids = [entry["jobId"] for entry in (await reply.json())["results"]]
-    opened = [await _raw_waiter(address, token, job_id) for job_id in ids]
+    if client == "raw":
+        opened = [await _raw_waiter(address, token, job_id) for job_id in ids]
+        tasks = [task for _, task in opened]
+    else:
+        opened = []
+        tasks = [asyncio.create_task(_aiohttp_waiter(http, job_id)) for job_id in ids]
     await _until_awaited(connection, waiters)
     claimed: list[dict[str, Any]] = []
     while len(claimed) < waiters:
@@ -123,7 +140,7 @@ async def _round(
         ]
         async with http.post("/jobs/ack", json={"entries": entries}) as reply:
             assert reply.status == 200, await reply.text()
-    results = await asyncio.gather(*(task for _, task in opened))
+    results = await asyncio.gather(*tasks)
     for writer, _ in opened:
         writer.close()
     answered = dict(zip(ids, results, strict=True))
@@ -147,7 +164,7 @@ async def _round(
 
 
 async def _latency(
-    base: str, redis: str, waiters: int, profile: Path | None = None
+    base: str, redis: str, waiters: int, profile: Path | None = None, client: str = "raw"
 ) -> dict[str, Any]:
     """The `latency` and `idle_cpu` parts; with `profile` (a file for py-spy's raw output),
     the queue service's frames while the acks of 100 are answered."""
@@ -166,7 +183,7 @@ async def _latency(
     headers = {"Authorization": f"Bearer {stack.internal_token}"}
     connector = aiohttp.TCPConnector(limit=waiters + 10)
     parsed = urlsplit(stack.queue)
-    result: dict[str, Any] = {"waiters": waiters}
+    result: dict[str, Any] = {"waiters": waiters, "client": client}
     try:
         async with aiohttp.ClientSession(stack.queue, headers=headers, connector=connector) as http:
             quiet = await asyncio.to_thread(_cpu_percent, pid, 5.0)
@@ -192,7 +209,7 @@ async def _latency(
                 if profile is not None and per_ack > 1:
                     spy = _spy(pid, 250, 8, profile)
                 delays, completed, bursts = await _round(
-                    http, connection, address, stack.internal_token, waiters, per_ack
+                    http, connection, address, stack.internal_token, waiters, per_ack, client
                 )
                 if spy is not None:
                     await asyncio.to_thread(spy.wait)
@@ -255,9 +272,12 @@ async def main(arguments: argparse.Namespace) -> Path:
     result = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine_cores": psutil.cpu_count(),
-        "latency": await _latency(base, f"{redis}/0", arguments.waiters, arguments.profile),
-        "settle_cost": await _settle_cost(base, arguments.settles, arguments.rounds),
+        "latency": await _latency(
+            base, f"{redis}/0", arguments.waiters, arguments.profile, arguments.client
+        ),
     }
+    if arguments.rounds > 0:
+        result["settle_cost"] = await _settle_cost(base, arguments.settles, arguments.rounds)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"waiters-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
@@ -269,7 +289,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--waiters", type=int, default=500)
     parser.add_argument("--settles", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=6, help="settle-cost rounds (0: none)")
+    parser.add_argument(
+        "--client",
+        choices=("raw", "aiohttp"),
+        default="raw",
+        help="waiters on bare sockets (default) or aiohttp (the earlier measurement)",
+    )
     parser.add_argument(
         "--profile", type=Path, help="py-spy the queue service during the acks of 100 (raw file)"
     )
