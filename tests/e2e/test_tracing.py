@@ -8,7 +8,8 @@ a child of the client's own span (the client library carried its `traceparent`);
 traces of the worker, each a new trace linked to the submit, each with the webhook's POST as a
 child span whose `traceparent` the receiver got; the queue service's claim and settle spans
 linked to the submit; database statements as spans named by their statement constants; and
-log lines carrying the ids of the span they were written in. An email job's SMTP delivery is a child span of its attempt.
+log lines carrying the ids of the span they were written in. An email job's SMTP delivery is
+a child span of its attempt. The attempt spans carry the job's queue and tenant.
 """
 
 from __future__ import annotations
