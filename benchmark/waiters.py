@@ -2,15 +2,23 @@
 settles, what hundreds of waiters cost the queue service while they wait, and what the settle
 trigger costs the settle statements when nobody waits (docs/adr/008-waiting-for-outcomes.md).
 
-`python -m benchmark.waiters [--waiters 500] [--settles 20000]` writes
+`python -m benchmark.waiters [--waiters 500] [--settles 20000] [--rounds 6] [--client raw]
+[--profile FILE]` writes
 `benchmark/results/waiters-<UTC time>.json`:
 
 - `latency`: a queue service process (real HTTP, its own database) holds `--waiters` waiters
   on as many jobs; the jobs are claimed, then acked 100 per request (`acks_of_100`: 100
   answers leave together) or one per request (`acks_of_1`), one request at a time, and each
-  waiter's latency is the time its answer arrived minus the job's `finished_at` (the same host
-  clock). `idle_cpu`: the queue service's CPU (percent of one core) over 5 s while the
-  waiters wait (their jobs stay PENDING), beside 5 s with none.
+  waiter's latency is the time its answer's head arrived on its socket minus the job's
+  `finished_at` (the same host clock; `finished_at` is the ack statement's start, so the
+  figure also holds the statement's own run and commit). Waiters are bare sockets, not an
+  HTTP client library, so the measuring process adds little of its own per answer
+  (`--client aiohttp`: the earlier measurement, taken after aiohttp read and decoded each
+  answer in the process that also sends the acks); with acks
+  of 100, `first_and_last_per_ack_ms` gives each ack's first and last answer (`--profile
+  FILE`: py-spy's summary of the queue service meanwhile). `idle_cpu`: the queue service's
+  CPU (percent of one core) over 5 s while the waiters wait (their jobs stay PENDING),
+  beside 5 s with none.
 - `settle_cost`: claim + ack of `--settles` jobs, 100 per statement, through the repository,
   with the trigger enabled and disabled, alternating rounds; jobs per second of each.
 """
@@ -20,18 +28,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import asyncpg
+import msgspec
 import psutil
 
 from benchmark import database
+from benchmark.profile import _spy, summarise
 from benchmark.stats import latency_summary
 from infra.servers import ensure_postgres, ensure_redis
 from infra.stack import ROOT, LocalStack
@@ -58,24 +70,61 @@ def _cpu_percent(pid: int, seconds: float) -> float:
     return round((sum(process.cpu_times()[:2]) - before) / seconds * 100, 2)
 
 
+async def _raw_waiter(
+    address: tuple[str, int], token: str, job_id: str
+) -> tuple[asyncio.StreamWriter, asyncio.Task[tuple[float, str]]]:
+    """Open a connection, send `GET /jobs/{id}?waitSeconds=20` on it, and return it with a task
+    ending with (the time the answer's head arrived, the job's status in its body). A bare
+    socket rather than an HTTP client library: the time is taken as the head arrives, before
+    any parsing, so it holds none of the measuring process's own work per answer."""
+    reader, writer = await asyncio.open_connection(*address)
+    writer.write(
+        f"GET /jobs/{job_id}?waitSeconds=20 HTTP/1.1\r\nHost: {address[0]}\r\n"
+        f"Authorization: Bearer {token}\r\n\r\n".encode()
+    )
+
+    async def answer() -> tuple[float, str]:
+        head = await reader.readuntil(b"\r\n\r\n")
+        arrived = time.time()
+        found = re.search(rb"(?i)content-length: *(\d+)", head)
+        assert found is not None, head
+        body = await reader.readexactly(int(found.group(1)))
+        return arrived, str(msgspec.json.decode(body)["status"])
+
+    return writer, asyncio.create_task(answer())
+
+
+async def _aiohttp_waiter(http: aiohttp.ClientSession, job_id: str) -> tuple[float, str]:
+    """The measurement before bare sockets (`--client aiohttp`): the time taken after aiohttp
+    read and decoded the whole answer, in the process that also sends the acks."""
+    async with http.get(f"/jobs/{job_id}?waitSeconds=20") as reply:
+        body = await reply.json()
+    return time.time(), str(body["status"])
+
+
 async def _round(
-    http: aiohttp.ClientSession, connection: asyncpg.Connection, waiters: int, per_ack: int
-) -> tuple[list[float], int]:
+    http: aiohttp.ClientSession,
+    connection: asyncpg.Connection,
+    address: tuple[str, int],
+    token: str,
+    waiters: int,
+    per_ack: int,
+    client: str = "raw",
+) -> tuple[list[float], int, list[tuple[float, float]]]:
     """`waiters` waiters on as many jobs, then the jobs acked `per_ack` per request (one
-    request at a time). Returns each answer's delay after its job's `finished_at` (ms), and how
-    many answered COMPLETED."""
+    request at a time). Returns each answer's delay after its job's `finished_at` (ms), how
+    many answered COMPLETED, and per ack request the first and the last of its answers' delays
+    (ms; how long its burst of answers took to leave)."""
     await database.reset_jobs(connection)
     batch = [{"taskType": "noop", "payload": {"i": i}} for i in range(waiters)]
     async with http.post("/jobs/batch", json={"jobs": batch}) as reply:
         ids = [entry["jobId"] for entry in (await reply.json())["results"]]
-    answered: dict[str, tuple[float, str]] = {}
-
-    async def wait(job_id: str) -> None:
-        async with http.get(f"/jobs/{job_id}?waitSeconds=20") as reply:
-            body = await reply.json()
-        answered[job_id] = (time.time(), body["status"])
-
-    tasks = [asyncio.create_task(wait(job_id)) for job_id in ids]
+    if client == "raw":
+        opened = [await _raw_waiter(address, token, job_id) for job_id in ids]
+        tasks = [task for _, task in opened]
+    else:
+        opened = []
+        tasks = [asyncio.create_task(_aiohttp_waiter(http, job_id)) for job_id in ids]
     await _until_awaited(connection, waiters)
     claimed: list[dict[str, Any]] = []
     while len(claimed) < waiters:
@@ -89,7 +138,10 @@ async def _round(
         ]
         async with http.post("/jobs/ack", json={"entries": entries}) as reply:
             assert reply.status == 200, await reply.text()
-    await asyncio.gather(*tasks)
+    results = await asyncio.gather(*tasks)
+    for writer, _ in opened:
+        writer.close()
+    answered = dict(zip(ids, results, strict=True))
     finished = {
         str(row["id"]): row["f"]
         for row in await connection.fetch(
@@ -97,10 +149,23 @@ async def _round(
         )
     }
     completed = sum(status == "COMPLETED" for _, status in answered.values())
-    return [(at - finished[job_id]) * 1000 for job_id, (at, _) in answered.items()], completed
+    delays = {job_id: (at - finished[job_id]) * 1000 for job_id, (at, _) in answered.items()}
+    order = [str(job["id"]) for job in claimed]
+    bursts = [
+        (
+            round(min(delays[i] for i in order[start : start + per_ack]), 2),
+            round(max(delays[i] for i in order[start : start + per_ack]), 2),
+        )
+        for start in range(0, waiters, per_ack)
+    ]
+    return list(delays.values()), completed, bursts
 
 
-async def _latency(base: str, redis: str, waiters: int) -> dict[str, Any]:
+async def _latency(
+    base: str, redis: str, waiters: int, profile: Path | None = None, client: str = "raw"
+) -> dict[str, Any]:
+    """The `latency` and `idle_cpu` parts; with `profile` (a file for py-spy's raw output),
+    the queue service's frames while the acks of 100 are answered."""
     url = await database.migrated_database(base, "jobq_bench_waiters")
     stack = LocalStack(
         url,
@@ -115,7 +180,8 @@ async def _latency(base: str, redis: str, waiters: int) -> dict[str, Any]:
     connection = await asyncpg.connect(url)
     headers = {"Authorization": f"Bearer {stack.internal_token}"}
     connector = aiohttp.TCPConnector(limit=waiters + 10)
-    result: dict[str, Any] = {"waiters": waiters}
+    parsed = urlsplit(stack.queue)
+    result: dict[str, Any] = {"waiters": waiters, "client": client}
     try:
         async with aiohttp.ClientSession(stack.queue, headers=headers, connector=connector) as http:
             quiet = await asyncio.to_thread(_cpu_percent, pid, 5.0)
@@ -135,12 +201,23 @@ async def _latency(base: str, redis: str, waiters: int) -> dict[str, Any]:
                 "waiters_percent": waiting,
                 "seconds": 5.0,
             }
+            address = (parsed.hostname or "127.0.0.1", parsed.port or 80)
             for name, per_ack in (("acks_of_100", 100), ("acks_of_1", 1)):
-                delays, completed = await _round(http, connection, waiters, per_ack)
+                spy = None
+                if profile is not None and per_ack > 1:
+                    spy = _spy(pid, 250, 8, profile)
+                delays, completed, bursts = await _round(
+                    http, connection, address, stack.internal_token, waiters, per_ack, client
+                )
+                if spy is not None:
+                    await asyncio.to_thread(spy.wait)
+                    result["profile_acks_of_100"] = summarise(profile)  # type: ignore[arg-type]
                 result[name] = {
                     "answered_completed": completed,
                     "settle_to_answer": latency_summary(delays),
                 }
+                if per_ack > 1:
+                    result[name]["first_and_last_per_ack_ms"] = bursts
     finally:
         await connection.close()
         stack.stop()
@@ -193,9 +270,12 @@ async def main(arguments: argparse.Namespace) -> Path:
     result = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine_cores": psutil.cpu_count(),
-        "latency": await _latency(base, f"{redis}/0", arguments.waiters),
-        "settle_cost": await _settle_cost(base, arguments.settles, arguments.rounds),
+        "latency": await _latency(
+            base, f"{redis}/0", arguments.waiters, arguments.profile, arguments.client
+        ),
     }
+    if arguments.rounds > 0:
+        result["settle_cost"] = await _settle_cost(base, arguments.settles, arguments.rounds)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"waiters-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
@@ -207,5 +287,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--waiters", type=int, default=500)
     parser.add_argument("--settles", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=6, help="settle-cost rounds (0: none)")
+    parser.add_argument(
+        "--client",
+        choices=("raw", "aiohttp"),
+        default="raw",
+        help="waiters on bare sockets (default) or aiohttp (the earlier measurement)",
+    )
+    parser.add_argument(
+        "--profile", type=Path, help="py-spy the queue service during the acks of 100 (raw file)"
+    )
     asyncio.run(main(parser.parse_args()))

@@ -151,11 +151,13 @@ class TraceContext(_Wire):
     ) = None
 
 
-class EnqueueRequest(SubmitJobRequest):
+class EnqueueRequest(SubmitJobRequest, omit_defaults=True):
     """`POST /jobs` body on the queue service: the producer's request plus the id it minted
     and the tenant that owns the job (docs/architecture.md#tenants; default `default`).
 
     Carrying the id makes a retried forward a replay of the same job, never a duplicate.
+    Encoded without the fields at their defaults (a forward without tracing carries no
+    `"traceContext": null`); decoding restores them.
     """
 
     job_id: uuid.UUID | None = None
@@ -338,8 +340,14 @@ class ClaimRequest(_Wire):
     """The worker's concurrency, shown in the workers view (optional: older workers omit it)."""
 
 
-class JobMessage(_Wire):
-    """A claimed job as a worker receives it; `receipt_handle` fences every later report."""
+class _Reply(msgspec.Struct, kw_only=True, rename="camel"):
+    """Base of a reply a jobq process decodes from another (camelCase): fields it does not
+    know are ignored, so a newer sender may add fields without breaking an older reader."""
+
+
+class JobMessage(_Reply):
+    """A claimed job as a worker receives it; `receipt_handle` fences every later report.
+    `queue` and `tenant` are the job's (None only from a queue service older than them)."""
 
     id: uuid.UUID
     task_type: str
@@ -351,10 +359,12 @@ class JobMessage(_Wire):
     visibility_timeout: int
     visible_at: datetime
     idempotency_key: str | None
+    queue: str | None = None
+    tenant: str | None = None
     trace_context: TraceContext | None = None
 
 
-class ClaimResponse(_Wire, omit_defaults=True):
+class ClaimResponse(_Reply, omit_defaults=True):
     """`200` reply to a claim: the jobs claimed (at least one, unless the claim carried
     acks), and one outcome per ack it carried, in order."""
 

@@ -103,7 +103,9 @@ class JobRow:
     idempotency_key: str | None
     request_hash: str
     tenant: str = "default"
-    trace_context: TraceContext | None = None
+    trace_context: TraceContext | msgspec.UnsetType = msgspec.UNSET
+    """Left out of the statement's JSON when the job has none (`UNSET`): the column reads
+    NULL, and a submit without tracing sends no `"trace_context": null` per row."""
 
 
 def job_row(
@@ -128,7 +130,7 @@ def job_row(
         idempotency_key=request.idempotency_key,
         request_hash=request_hash(request),
         tenant=tenant,
-        trace_context=trace_context,
+        trace_context=msgspec.UNSET if trace_context is None else trace_context,
     )
 
 

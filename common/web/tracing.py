@@ -78,14 +78,14 @@ def tracing_requested(environ: Mapping[str, str] = os.environ) -> bool:
     return exporter == "otlp" or bool(endpoint)
 
 
-def setup_tracing(service: str, *, database: bool = False) -> Tracer | None:
+def setup_tracing(service: str) -> Tracer | None:
     """Turn tracing on for this process when the environment asks for it (`tracing_requested`):
     a `TracerProvider` with the resource `service.name` = `service` (unless
     `OTEL_SERVICE_NAME` names one), the standard sampler, a batch processor and the OTLP
-    exporter of the configured protocol; with `database`, asyncpg's statements become spans
-    (their SQL with `$n` placeholders, never the values). Sets and returns the module's
-    `tracer`; None when tracing stays off. Raises TracingMisconfigured (see
-    `tracing_requested`)."""
+    exporter of the configured protocol. Sets and returns the module's `tracer`; None when
+    tracing stays off. Raises TracingMisconfigured (see `tracing_requested`). (The queue
+    service's database statements become spans through its pool's connection class,
+    `services.queue.statements`, which reads `tracer`: call this before creating the pool.)"""
     global tracer
     if not tracing_requested():
         return None
@@ -98,10 +98,6 @@ def setup_tracing(service: str, *, database: bool = False) -> Tracer | None:
     provider = TracerProvider(resource=Resource.create(attributes))
     provider.add_span_processor(BatchSpanProcessor(_exporter()))
     trace.set_tracer_provider(provider)
-    if database:
-        from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
-
-        AsyncPGInstrumentor().instrument(tracer_provider=provider)  # type: ignore[no-untyped-call]
     tracer = provider.get_tracer("jobq")
     from common import logging as jobq_logging
 
@@ -109,11 +105,11 @@ def setup_tracing(service: str, *, database: bool = False) -> Tracer | None:
     return tracer
 
 
-def start(service: str, *, database: bool = False) -> None:
+def start(service: str) -> None:
     """`setup_tracing` at a service's start; a misconfigured `OTEL_*` variable stops the
     process with a message naming it (SystemExit)."""
     try:
-        setup_tracing(service, database=database)
+        setup_tracing(service)
     except TracingMisconfigured as exc:
         raise SystemExit(f"{service}: {exc}") from None
 

@@ -25,7 +25,7 @@ def main() -> None:
     """
     settings = load_settings(QueueSettings)
     configure_logging(settings.log_level, settings.log_format)
-    tracing.start("jobq-queue", database=True)
+    tracing.start("jobq-queue")
     refuse_open_access(
         "queue service",
         settings.queue_host,

@@ -26,6 +26,7 @@ from croniter import croniter
 
 from common.contracts import JobStatus
 from common.operations import MinuteCount, ScheduleView, WorkerView
+from services.queue import statements
 from services.queue.repository import JobRepository, Settled
 from services.queue.schedules import Schedule
 
@@ -215,3 +216,6 @@ class Activity:
 
 _FAILED = frozenset({JobStatus.SCHEDULED, JobStatus.PENDING, JobStatus.DEAD_LETTER})
 """Statuses a failed attempt leaves a job in (retried, or out of attempts)."""
+
+
+statements.register(globals())

@@ -18,6 +18,7 @@ from typing import Any
 from common.contracts import JobStatus
 from common.errors import InvalidInput
 from common.operations import BULK_CHUNK, BulkAction
+from services.queue import statements
 from services.queue.repository import _RESET_FOR_RETRY, JobRepository, _notify_ready
 
 ALLOWED: dict[str, tuple[JobStatus, ...]] = {
@@ -111,10 +112,10 @@ async def count(repository: JobRepository, where: Filter, limit: int) -> int:
     """How many jobs match `where`, counting at most `limit`."""
     condition, args = where.where()
     args.append(limit)
-    rows = await repository.fetch(
-        f"SELECT count(*) AS n FROM (SELECT 1 FROM job WHERE {condition} LIMIT ${len(args)}) m",
-        *args,
+    statement = (
+        f"SELECT count(*) AS n FROM (SELECT 1 FROM job WHERE {condition} LIMIT ${len(args)}) m"
     )
+    rows = await repository.fetch(statements.named("bulk_count", statement), *args)
     return int(rows[0]["n"])
 
 
@@ -125,10 +126,11 @@ async def apply(repository: JobRepository, action: str, where: Filter, limit: in
     condition, args = where.where()
     args.append(0)
     at = len(args)
-    statement = (
+    statement = statements.named(
+        f"bulk_{action}",
         f"WITH picked AS (SELECT id FROM job WHERE {condition} ORDER BY id LIMIT ${at} "
         f"FOR UPDATE SKIP LOCKED)"
-        + _CHANGE[action].format(statuses=", ".join(f"'{s.value}'" for s in where.statuses))
+        + _CHANGE[action].format(statuses=", ".join(f"'{s.value}'" for s in where.statuses)),
     )
     changed = 0
     while changed < limit:

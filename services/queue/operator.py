@@ -19,7 +19,7 @@ from common.operations import (
     ScheduleView,
     WorkersResponse,
 )
-from services.queue import bulk
+from services.queue import bulk, statements
 from services.queue.activity import Activity
 from services.queue.depth import summarise, with_states
 from services.queue.readings import DepthRow
@@ -141,3 +141,6 @@ class Operator:
     async def throughput(self, minutes: int, queues: list[str] | None) -> list[MinuteCount]:
         """Per-minute counts of the last `minutes` minutes (of `queues`; None: every queue)."""
         return await self.activity.throughput(minutes, queues)
+
+
+statements.register(globals())

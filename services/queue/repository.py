@@ -54,9 +54,12 @@ from common.drivers import AsyncpgExecutor
 from common.enqueue import WAKEUP_CHANNEL, Existing, Inserted, JobRow
 from common.errors import ServiceUnavailable
 from common.logging import RepeatedEvents
+from common.web import tracing
 from common.web.pools import PoolMetrics
+from services.queue import statements
 from services.queue.readings import WAITING_COUNTED, DatabaseHealth, DepthRow, LimitReading
 from services.queue.retry import BACKOFF_CEILING_SQL, Backoff
+from services.queue.statements import TracedConnection
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +76,14 @@ class Claimed(msgspec.Struct, rename="camel", frozen=True, omit_defaults=True):
     """A job one claim handed out, shaped as the `JobMessage` the worker receives: the payload
     is the JSON text PostgreSQL stored (`msgspec.Raw`), passed through to the worker without
     being decoded and encoded again. `visibility_timeout` is in seconds; `trace_context` is the
-    submit's (a `TraceContext`'s JSON as stored), left out when the job has none."""
+    submit's (a `TraceContext`'s JSON as stored), left out when the job has none. `queue` and
+    `tenant` come from the claim's RETURNING, which needs them anyway (the per-tenant counts,
+    the fair claim's cursor), so they cost the reply a few bytes and nothing else."""
 
     id: uuid.UUID
     task_type: str
+    queue: str
+    tenant: str
     payload: msgspec.Raw
     attempts: int
     max_attempts: int
@@ -1335,6 +1342,8 @@ async def create_pool(
     """
     pool = asyncpg.create_pool(
         dsn,
+        # With tracing on, each statement is a span named by its constant (`statements`).
+        connection_class=asyncpg.Connection if tracing.tracer is None else TracedConnection,
         min_size=0,
         max_size=size,
         command_timeout=command_timeout,
@@ -1364,6 +1373,8 @@ def _claimed(rows: list[asyncpg.Record], visibility_timeout: int) -> list[Claime
         Claimed(
             id=row["id"],
             task_type=row["task_type"],
+            queue=row["queue"],
+            tenant=row["tenant"],
             payload=msgspec.Raw(row["payload_json"].encode()),
             attempts=row["attempts"],
             max_attempts=row["max_attempts"],
@@ -1888,10 +1899,9 @@ class JobRepository:
         if not statuses or not set(statuses) <= FINISHED_STATUSES:
             raise ValueError(f"retention deletes finished jobs only, not {statuses}")
         literals = ", ".join(f"'{status.value}'" for status in sorted(set(statuses)))
+        statement = statements.named("delete_finished", _DELETE_FINISHED.format(statuses=literals))
         async with self._connection() as conn:
-            done: str = await conn.execute(
-                _DELETE_FINISHED.format(statuses=literals), older_than, batch
-            )
+            done: str = await conn.execute(statement, older_than, batch)
         return int(done.rsplit(" ", 1)[-1])
 
     async def list_jobs(
@@ -1949,7 +1959,7 @@ SELECT {columns}, total FROM (
 ) AS sized
 WHERE n = 1 OR running <= ${bytes_at}
 ORDER BY id DESC"""
-        rows = await self._fetch(statement, *args)
+        rows = await self._fetch(statements.named("list_jobs", statement), *args)
         cut = bool(rows) and rows[0]["total"] > len(rows)
         return [_to_listed(row, full) for row in rows], cut
 
@@ -2034,7 +2044,7 @@ ORDER BY id DESC"""
 
     async def now(self) -> datetime:
         """The database's clock (`statement_timestamp()`), which decides every visibility."""
-        row = await self._fetchrow("SELECT statement_timestamp() AS now")
+        row = await self._fetchrow(_NOW)
         assert row is not None
         value: datetime = row["now"]
         return value
@@ -2078,3 +2088,8 @@ ORDER BY id DESC"""
         """The alembic revision the database is at (None before the first migration)."""
         row = await self._fetchrow(_SCHEMA_REVISION)
         return None if row is None else str(row["version_num"])
+
+
+_NOW = "SELECT statement_timestamp() AS now"
+
+statements.register(globals())

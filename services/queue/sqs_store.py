@@ -14,6 +14,7 @@ import asyncpg
 
 from common.errors import QueueExists, QueueNotFound
 from common.sqs_registry import SqsQueue
+from services.queue import statements
 from services.queue.repository import _RESET_FOR_RETRY, JobRepository, _notify_ready
 
 _COLUMNS = "tenant, name, queue, attributes, created_at, updated_at"
@@ -167,3 +168,6 @@ def _like_escaped(prefix: str) -> str:
 
 
 __all__: Sequence[str] = ["SqsStore"]
+
+
+statements.register(globals(), prefix="sqs_")

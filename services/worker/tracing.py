@@ -16,22 +16,29 @@ from common.web import tracing
 
 def start_attempt(tracer: Tracer, job: JobMessage, worker: str) -> Span:
     """Start the CONSUMER span `process <task type>` of one attempt of `job` by `worker`: a new
-    trace, linked to the submit (when the job has its context)."""
+    trace, linked to the submit (when the job has its context), with the job's id, queue
+    (`messaging.destination.name`), tenant, task type and attempt as attributes."""
     link = tracing.link(job.trace_context, {"messaging.message.id": str(job.id)})
+    attributes: dict[str, str | int] = {
+        "messaging.system": tracing.MESSAGING_SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.message.id": str(job.id),
+        "jobq.task_type": job.task_type,
+        "jobq.attempt": job.attempts,
+        "jobq.max_attempts": job.max_attempts,
+        "jobq.worker": worker,
+    }
+    # Both come with every claim from a queue service of this release (not from older ones).
+    if job.queue is not None:
+        attributes["messaging.destination.name"] = job.queue
+    if job.tenant is not None:
+        attributes["jobq.tenant"] = job.tenant
     return tracer.start_span(
         f"process {job.task_type}",
         context=otel_context.Context(),  # a new trace, whatever is current
         kind=SpanKind.CONSUMER,
         links=[] if link is None else [link],
-        attributes={
-            "messaging.system": tracing.MESSAGING_SYSTEM,
-            "messaging.operation.type": "process",
-            "messaging.message.id": str(job.id),
-            "jobq.task_type": job.task_type,
-            "jobq.attempt": job.attempts,
-            "jobq.max_attempts": job.max_attempts,
-            "jobq.worker": worker,
-        },
+        attributes=attributes,
     )
 
 

@@ -7,8 +7,9 @@ One submitted webhook job that fails once and then succeeds makes: the producer'
 a child of the client's own span (the client library carried its `traceparent`); two attempt
 traces of the worker, each a new trace linked to the submit, each with the webhook's POST as a
 child span whose `traceparent` the receiver got; the queue service's claim and settle spans
-linked to the submit; database statements as spans; and log lines carrying the ids of the span
-they were written in. An email job's SMTP delivery is a child span of its attempt.
+linked to the submit; database statements as spans named by their statement constants; and
+log lines carrying the ids of the span they were written in. An email job's SMTP delivery is
+a child span of its attempt. The attempt spans carry the job's queue and tenant.
 """
 
 from __future__ import annotations
@@ -195,6 +196,10 @@ async def test_one_webhook_job_traced_from_the_client_to_the_receiver(
         key=lambda s: s.attributes["jobq.attempt"],
     )
     assert [a.attributes["jobq.attempt"] for a in attempts] == [1, 2]
+    for attempt in attempts:  # the claim carried the job's queue and tenant
+        assert attempt.attributes["messaging.destination.name"] == "default"
+        assert attempt.attributes["jobq.tenant"] == "default"
+        assert attempt.attributes["messaging.message.id"] == str(job.job_id)
     assert [a.attributes["jobq.outcome"] for a in attempts] == ["failed", "succeeded"]
     # Each attempt is a trace of its own, linked to the submit.
     assert len({a.trace_id for a in attempts} | {submit.trace_id}) == 3
@@ -231,14 +236,35 @@ async def test_one_webhook_job_traced_from_the_client_to_the_receiver(
     assert outcomes == {"SCHEDULED", "COMPLETED"}
     enqueues = receivers.named("jobq-queue", "enqueue")
     assert len([s for s in enqueues if any((t, i) == submit_ref for t, i, _ in s.links)]) == 1
-    # Database statements are spans too, with their SQL and no values.
+    # Database statements are spans too, named by the repository's statement constants
+    # (`claim`, `ack_and_claim`, `fail` …), children of the span that ran them, and carrying
+    # neither their SQL nor any value.
     statements = [
-        str(s.attributes.get("db.statement", ""))
+        s
         for s in receivers.spans
-        if s.service == "jobq-queue" and s.attributes.get("db.system") == "postgresql"
+        if s.service == "jobq-queue" and s.attributes.get("db.system.name") == "postgresql"
     ]
-    assert any("$1" in statement for statement in statements)
-    assert not any(str(job.job_id) in statement for statement in statements)
+    names = {s.name for s in statements}
+    assert "enqueue" in names
+    assert names & {"claim", "claim_fair", "ack_and_claim", "ack_and_claim_fair"}
+    assert names & {"ack", "ack_and_claim", "ack_and_claim_fair"}
+    assert "fail" in names, "the first attempt's failure"
+    assert "mark_awaited" in names, "client.wait flags the job"
+    for statement in statements:
+        assert statement.attributes["db.operation.name"] == statement.name
+        assert set(statement.attributes) == {
+            "db.system.name", "db.system", "db.operation.name", "db.namespace"
+        }  # fmt: skip
+        # A statement without a name of its own (asyncpg's type introspection, a transaction's
+        # BEGIN) is named by its first SQL word, never by anything after it.
+        assert statement.name.islower() or statement.name.isupper(), statement.name
+        assert str(job.job_id) not in json.dumps(statement.attributes)
+    # The enqueue statement's span is a child of the queue service's enqueue span.
+    [queued] = [s for s in enqueues if any((t, i) == submit_ref for t, i, _ in s.links)]
+    assert any(
+        s.name == "enqueue" and (s.trace_id, s.parent_span_id) == (queued.trace_id, queued.span_id)
+        for s in statements
+    )
 
     # The settle that scheduled the retry logged it inside its span.
     retry_settle = next(

@@ -20,6 +20,8 @@ def test_the_claim_reply_is_the_documented_claim_response() -> None:
     claimed = Claimed(
         id=job_id,
         task_type="webhook",
+        queue="hooks",
+        tenant="acme",
         payload=msgspec.Raw(stored.encode()),
         attempts=2,
         max_attempts=5,
@@ -39,6 +41,8 @@ def test_the_claim_reply_is_the_documented_claim_response() -> None:
             JobMessage(
                 id=job_id,
                 task_type="webhook",
+                queue="hooks",
+                tenant="acme",
                 payload={"order": 42, "items": [1, 2], "note": "café 😀"},
                 attempts=2,
                 max_attempts=5,
@@ -52,3 +56,26 @@ def test_the_claim_reply_is_the_documented_claim_response() -> None:
         acks=[AckResult(id=ack_id, status=409)],
     )
     assert b'"acks"' not in encode_claimed([claimed], []), "no acks, no field"
+
+
+def test_a_claim_reply_with_fields_a_worker_does_not_know_still_decodes() -> None:
+    """A newer queue service may add fields to the claim reply: a worker (or SQS endpoint)
+    ignores them instead of failing the claim it already made; one from a queue service
+    older than `queue` and `tenant` decodes without them."""
+    job = {
+        "id": str(uuid.uuid4()),
+        "taskType": "noop",
+        "payload": {},
+        "attempts": 1,
+        "maxAttempts": 5,
+        "timeoutSeconds": None,
+        "receiptHandle": str(uuid.uuid4()),
+        "visibilityTimeout": 30,
+        "visibleAt": "2026-11-30T12:00:00Z",
+        "idempotencyKey": None,
+    }
+    newer = {"jobs": [{**job, "queue": "q", "tenant": "t", "futureField": [1]}], "later": 1}
+    decoded = msgspec.json.decode(msgspec.json.encode(newer), type=ClaimResponse).jobs[0]
+    assert (decoded.queue, decoded.tenant) == ("q", "t")
+    older = msgspec.json.decode(msgspec.json.encode({"jobs": [job]}), type=ClaimResponse)
+    assert (older.jobs[0].queue, older.jobs[0].tenant) == (None, None)
