@@ -320,6 +320,10 @@ class AckResult(_Wire):
     status: int
 
 
+ClaimAttribute = Literal["queue", "tenant"]
+"""A job attribute a claim may ask its reply to carry (`ClaimRequest.attribute_names`)."""
+
+
 class ClaimRequest(_Wire):
     """`POST /jobs/next`: claim up to `max` jobs, long-polling up to `wait_seconds`.
 
@@ -338,6 +342,13 @@ class ClaimRequest(_Wire):
     )
     slots: Annotated[int, Meta(ge=1, le=100_000)] | None = None
     """The worker's concurrency, shown in the workers view (optional: older workers omit it)."""
+    attribute_names: Annotated[list[ClaimAttribute], Meta(max_length=2)] = msgspec.field(
+        default_factory=list
+    )
+    """The job attributes beyond the usual ones the reply should carry, `queue` and `tenant`
+    (asked for by name, as SQS's ReceiveMessage asks for `MessageSystemAttributeNames`), so a
+    worker of an earlier release, which refuses fields it does not know, never receives them
+    (docs/architecture.md#tracing)."""
 
 
 class _Reply(msgspec.Struct, kw_only=True, rename="camel"):
@@ -347,7 +358,8 @@ class _Reply(msgspec.Struct, kw_only=True, rename="camel"):
 
 class JobMessage(_Reply):
     """A claimed job as a worker receives it; `receipt_handle` fences every later report.
-    `queue` and `tenant` are the job's (None only from a queue service older than them)."""
+    `queue` and `tenant` are the job's when the claim asked for them
+    (`ClaimRequest.attribute_names`), else None."""
 
     id: uuid.UUID
     task_type: str

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Annotated, Any
 
 import msgspec
@@ -87,14 +88,57 @@ Deadline = Annotated[
 
 
 class _ClaimReply(msgspec.Struct, omit_defaults=True):
-    jobs: Sequence[Claimed]
+    jobs: Sequence[Claimed | _Handed]
     acks: list[AckResult] = msgspec.field(default_factory=list)
 
 
-def encode_claimed(jobs: Sequence[Claimed], acks: list[AckResult]) -> bytes:
+class _Handed(msgspec.Struct, rename="camel", frozen=True, omit_defaults=True):
+    """A `Claimed` job for a claim that did not ask for both its queue and tenant
+    (`ClaimRequest.attribute_names`): the attributes not asked for are left out."""
+
+    id: uuid.UUID
+    task_type: str
+    payload: msgspec.Raw
+    attempts: int
+    max_attempts: int
+    timeout_seconds: int | None
+    receipt_handle: uuid.UUID
+    visibility_timeout: int
+    visible_at: datetime
+    idempotency_key: str | None
+    queue: str | None = None
+    tenant: str | None = None
+    trace_context: msgspec.Raw | None = None
+
+
+def encode_claimed(
+    jobs: Sequence[Claimed], acks: list[AckResult], attribute_names: Sequence[str] = ()
+) -> bytes:
     """The `ClaimResponse` JSON for `jobs` and `acks`, each payload passed through as
-    stored."""
-    return msgspec.json.encode(_ClaimReply(jobs=jobs, acks=acks))
+    stored; a job's `queue` and `tenant` only where `attribute_names` asks for them (a worker
+    of an earlier release refuses fields it does not know)."""
+    if "queue" in attribute_names and "tenant" in attribute_names:
+        return msgspec.json.encode(_ClaimReply(jobs=jobs, acks=acks))
+    queue, tenant = "queue" in attribute_names, "tenant" in attribute_names
+    handed = [
+        _Handed(
+            id=job.id,
+            task_type=job.task_type,
+            payload=job.payload,
+            attempts=job.attempts,
+            max_attempts=job.max_attempts,
+            timeout_seconds=job.timeout_seconds,
+            receipt_handle=job.receipt_handle,
+            visibility_timeout=job.visibility_timeout,
+            visible_at=job.visible_at,
+            idempotency_key=job.idempotency_key,
+            queue=job.queue if queue else None,
+            tenant=job.tenant if tenant else None,
+            trace_context=job.trace_context,
+        )
+        for job in jobs
+    ]
+    return msgspec.json.encode(_ClaimReply(jobs=handed, acks=acks))
 
 
 class JobController(Controller):
@@ -275,7 +319,7 @@ class JobController(Controller):
         if not jobs and not acks:
             return Response(None, status_code=204)
         # Encoded here (payloads passed through as stored); documented as ClaimResponse.
-        body: Any = encode_claimed(jobs, acks)
+        body: Any = encode_claimed(jobs, acks, data.attribute_names)
         return Response(body, status_code=200, media_type=MediaType.JSON)
 
     @post(

@@ -68,6 +68,7 @@ class QueueClient:
             visibility_timeout=visibility_timeout,
             acks=acks or [],
             slots=self._slots,
+            attribute_names=["queue", "tenant"],  # the attempt span's attributes
         )
         reply = await self._http.call(
             "POST", "/jobs/next", request, deadline=wait_seconds + _READ_MARGIN

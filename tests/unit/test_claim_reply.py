@@ -33,7 +33,8 @@ def test_the_claim_reply_is_the_documented_claim_response() -> None:
     )
 
     reply = msgspec.json.decode(
-        encode_claimed([claimed], [AckResult(id=ack_id, status=409)]), type=ClaimResponse
+        encode_claimed([claimed], [AckResult(id=ack_id, status=409)], ["queue", "tenant"]),
+        type=ClaimResponse,
     )
 
     assert reply == ClaimResponse(
@@ -56,6 +57,35 @@ def test_the_claim_reply_is_the_documented_claim_response() -> None:
         acks=[AckResult(id=ack_id, status=409)],
     )
     assert b'"acks"' not in encode_claimed([claimed], []), "no acks, no field"
+
+
+def test_a_claim_that_did_not_ask_for_queue_and_tenant_gets_the_earlier_reply() -> None:
+    """A worker of an earlier release refuses fields it does not know and never asks for
+    `queue` or `tenant`: its reply has exactly the fields it knows, so the queue service can
+    be upgraded before the workers."""
+    claimed = Claimed(
+        id=uuid.uuid4(),
+        task_type="noop",
+        queue="hooks",
+        tenant="acme",
+        payload=msgspec.Raw(b"{}"),
+        attempts=1,
+        max_attempts=5,
+        timeout_seconds=None,
+        receipt_handle=uuid.uuid4(),
+        visibility_timeout=30,
+        visible_at=datetime(2026, 11, 30, 12, 0, tzinfo=UTC),
+        idempotency_key=None,
+    )
+    earlier = {
+        "id", "taskType", "payload", "attempts", "maxAttempts", "timeoutSeconds",
+        "receiptHandle", "visibilityTimeout", "visibleAt", "idempotencyKey",
+    }  # fmt: skip
+    for names, extra in (([], set()), (["tenant"], {"tenant"}), (["queue"], {"queue"})):
+        sent = msgspec.json.decode(encode_claimed([claimed], [], names))["jobs"][0]
+        assert set(sent) == earlier | extra, names
+    both = msgspec.json.decode(encode_claimed([claimed], [], ["tenant", "queue"]))["jobs"][0]
+    assert (both["queue"], both["tenant"]) == ("hooks", "acme")
 
 
 def test_a_claim_reply_with_fields_a_worker_does_not_know_still_decodes() -> None:
