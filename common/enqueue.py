@@ -52,6 +52,13 @@ WITH incoming AS (
            idempotency_key, request_hash, statement_timestamp(), statement_timestamp(),
            trace_context
     FROM incoming
+    -- A finished job lives in job_history, out of the unique indexes' reach: its id (a
+    -- retried forward) and its tenant's key collide with it there.
+    WHERE NOT EXISTS (SELECT FROM job_history AS h WHERE h.id = incoming.id)
+      AND (incoming.idempotency_key IS NULL
+           OR NOT EXISTS (SELECT FROM job_history AS h
+                          WHERE h.tenant = COALESCE(incoming.tenant, 'default')
+                            AND h.idempotency_key = incoming.idempotency_key))
     -- One global order for the unique-index entries: concurrent batches sharing keys then
     -- wait for each other instead of deadlocking.
     ORDER BY tenant, idempotency_key, id
@@ -74,9 +81,10 @@ ENQUEUE_ASYNCPG = _ENQUEUE.format(rows="$1", channel=WAKEUP_CHANNEL)
 ENQUEUE_NAMED = _ENQUEUE.format(rows=":rows", channel=WAKEUP_CHANNEL)
 """The enqueue statement with a named `:rows` parameter (SQLAlchemy `text()`)."""
 
-# Idempotency keys are unique per tenant: only the same tenant's key is a collision.
+# Idempotency keys are unique per tenant: only the same tenant's key is a collision. The job
+# may be live or finished (`job_all` is `job UNION ALL job_history`).
 _FIND_EXISTING = """
-SELECT id, status, request_hash, tenant FROM job
+SELECT id, status, request_hash, tenant FROM job_all
 WHERE id = {id} OR ({key} IS NOT NULL AND tenant = {tenant} AND idempotency_key = {key})
 ORDER BY (id = {id}) DESC
 LIMIT 1

@@ -68,6 +68,9 @@ class QueueSettings(HttpServiceSettings):
     queue_retention: Duration = 7 * 86400.0
     queue_dead_letter_retention: Duration = 14 * 86400.0
     queue_retention_interval: Duration = 60.0
+    queue_history_partition: Duration = 86400.0
+    """Width of a `job_history` partition (a slot of `finished_at`); retention drops whole
+    partitions, so a finished job is kept between its retention and retention + this."""
     queue_internal_token: Token | None = None
     queue_schedules: str = "[]"
     queue_schedule_interval: Duration = 1.0
@@ -121,6 +124,7 @@ class QueueSettings(HttpServiceSettings):
         "queue_depth_interval",
         "queue_poll_interval",
         "queue_retention_interval",
+        "queue_history_partition",
         "queue_schedule_interval",
         "queue_listen_probe_interval",
         "queue_listen_probe_timeout",
