@@ -138,16 +138,30 @@ async def insert_jobs(
         await connection.fetch(statement, encode_rows(rows))
 
 
+async def jobs_relation(connection: asyncpg.Connection) -> str:
+    """The relation holding every job: `job_all` (the live table and the history) on a schema
+    with the history (issue 20), else `job`, so the benchmark reads either revision."""
+    found = await connection.fetchval("SELECT to_regclass('job_all') IS NOT NULL")
+    return "job_all" if found else "job"
+
+
+async def truncate_jobs(connection: asyncpg.Connection) -> None:
+    """Empty the job table, and the history where the schema has one."""
+    history = await connection.fetchval("SELECT to_regclass('job_history') IS NOT NULL")
+    await connection.execute("TRUNCATE job, job_history" if history else "TRUNCATE job")
+
+
 async def reset_jobs(connection: asyncpg.Connection) -> None:
     """Empty the job table and refresh its statistics (between runs on one database)."""
-    await connection.execute("TRUNCATE job")
+    await truncate_jobs(connection)
     await connection.execute("VACUUM ANALYZE job")
 
 
 async def burn_window(connection: asyncpg.Connection) -> float:
     """Seconds from the first claim to the last completion of the COMPLETED jobs (0 if none)."""
+    jobs = await jobs_relation(connection)
     seconds = await connection.fetchval(
-        "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(claimed_at))::float8 FROM job"
+        f"SELECT EXTRACT(EPOCH FROM max(finished_at) - min(claimed_at))::float8 FROM {jobs}"
         " WHERE status = 'COMPLETED'"
     )
     return float(seconds or 0.0)
@@ -156,9 +170,10 @@ async def burn_window(connection: asyncpg.Connection) -> float:
 async def outcome(connection: asyncpg.Connection) -> dict[str, Any]:
     """What became of the jobs: `{total, by_status: {status: n}, by_attempts: {attempts: n}}`
     (attempts counted over COMPLETED jobs only)."""
-    statuses = await connection.fetch("SELECT status, count(*) AS n FROM job GROUP BY status")
+    jobs = await jobs_relation(connection)
+    statuses = await connection.fetch(f"SELECT status, count(*) AS n FROM {jobs} GROUP BY status")
     attempts = await connection.fetch(
-        "SELECT attempts, count(*) AS n FROM job WHERE status = 'COMPLETED'"
+        f"SELECT attempts, count(*) AS n FROM {jobs} WHERE status = 'COMPLETED'"
         " GROUP BY attempts ORDER BY attempts"
     )
     by_status = {str(r["status"]): int(r["n"]) for r in statuses}
@@ -188,14 +203,16 @@ def verify(result: dict[str, Any], expected: int, max_attempts: int = 1) -> dict
 
 async def completed_count(connection: asyncpg.Connection) -> int:
     """How many jobs are COMPLETED right now."""
-    return int(await connection.fetchval("SELECT count(*) FROM job WHERE status = 'COMPLETED'"))
+    jobs = await jobs_relation(connection)
+    return int(await connection.fetchval(f"SELECT count(*) FROM {jobs} WHERE status = 'COMPLETED'"))
 
 
 async def latencies_ms(connection: asyncpg.Connection, start: str, end: str) -> list[float]:
     """`end - start` in milliseconds for every COMPLETED job; `start`/`end` are column names
     of `job` (e.g. created_at, claimed_at, finished_at)."""
+    jobs = await jobs_relation(connection)
     rows = await connection.fetch(
-        f"SELECT EXTRACT(EPOCH FROM {end} - {start})::float8 * 1000 AS ms FROM job"
+        f"SELECT EXTRACT(EPOCH FROM {end} - {start})::float8 * 1000 AS ms FROM {jobs}"
         " WHERE status = 'COMPLETED'"
     )
     return [float(r["ms"]) for r in rows]
