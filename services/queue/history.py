@@ -8,16 +8,16 @@ CANCELLED: kept `QUEUE_RETENTION`) and `job_history_dead` (DEAD_LETTER: kept
 catches a settle whose slot does not exist (so a settle never fails for want of a partition).
 Every replica's background loop, every `QUEUE_RETENTION_INTERVAL`:
 
-1. moves finished rows still in `job` (left by a release before this one during a rollout)
-   into the history, 500 per statement (the sweep);
-2. creates the missing slots from the oldest still retained to `AHEAD` slots after now,
+1. creates the missing slots from the oldest still retained to `AHEAD` slots after now,
    each in one transaction of three statements (a table made LIKE the tree, the rows of its
    range the DEFAULT partition caught moved into it, ATTACH PARTITION), so a crash or an
    error between the steps leaves nothing behind: PostgreSQL's DDL is transactional;
-3. drops the slots whose end is older than the retention (`DROP TABLE`), the whole of
+2. drops the slots whose end is older than the retention (`DROP TABLE`), the whole of
    retention's cost: no row is deleted one by one;
-4. deletes, in batches of 500, rows past retention that the DEFAULT partition holds (empty
-   unless the loop stopped for longer than `AHEAD` slots).
+3. deletes, in batches of 500, rows past retention that the DEFAULT partition holds (empty
+   unless the loop stopped for longer than `AHEAD` slots);
+4. moves finished rows still in `job` (left by a release before this one during a rollout)
+   into the history, 500 per statement (the sweep), after the slots are made.
 
 DDL waits at most `LOCK_TIMEOUT` for its locks: a DROP locks its tree (`job_history_done` or
 `_dead`) exclusively for an instant, and settles inserting into the tree queue behind a DROP
@@ -133,9 +133,10 @@ class History:
         """One pass of steps 1 to 4; `now` (for the slots) defaults to the database's clock."""
         done = Maintenance()
         now = now or await self._repository.now()
-        done.swept = await self.sweep()
         for tree in TREES:
             await self._tree(tree, now, done)
+        # After the slots exist, so swept rows land in them rather than in DEFAULT.
+        done.swept = await self.sweep()
         if done.created or done.dropped or done.default_deleted or done.swept:
             logger.info(
                 "history: created %d, dropped %d partition(s); %d row(s) deleted from the "
