@@ -17,7 +17,9 @@ Every replica's background loop, every `QUEUE_RETENTION_INTERVAL`:
 3. deletes, in batches of 500, rows past retention that the DEFAULT partition holds (empty
    unless the loop stopped for longer than `AHEAD` slots);
 4. moves finished rows still in `job` (left by a release before this one during a rollout)
-   into the history, 500 per statement (the sweep), after the slots are made.
+   into the history, 500 per statement (the sweep), after the slots are made;
+5. deletes idempotency keys whose window is over, 500 per statement (`idempotency_key`,
+   docs/architecture.md#idempotency).
 
 DDL waits at most `LOCK_TIMEOUT` for its locks: a DROP locks its tree (`job_history_done` or
 `_dead`) exclusively for an instant, and settles inserting into the tree queue behind a DROP
@@ -45,7 +47,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 
 from common.errors import JobqError
-from services.queue.repository import SWEEP_STATEMENT, JobRepository
+from services.queue.repository import FORGET_KEYS_STATEMENT, SWEEP_STATEMENT, JobRepository
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +113,7 @@ class Maintenance:
     dropped: list[str] = field(default_factory=list)
     default_deleted: int = 0
     swept: int = 0
+    keys_forgotten: int = 0
     failed: list[str] = field(default_factory=list)
 
 
@@ -130,13 +133,14 @@ class History:
         self._retention = {"done": retention, "dead": dead_letter_retention}
 
     async def maintain(self, now: datetime | None = None) -> Maintenance:
-        """One pass of steps 1 to 4; `now` (for the slots) defaults to the database's clock."""
+        """One pass of steps 1 to 5; `now` (for the slots) defaults to the database's clock."""
         done = Maintenance()
         now = now or await self._repository.now()
         for tree in TREES:
             await self._tree(tree, now, done)
         # After the slots exist, so swept rows land in them rather than in DEFAULT.
         done.swept = await self.sweep()
+        done.keys_forgotten = await self.forget_keys()
         if done.created or done.dropped or done.default_deleted or done.swept:
             logger.info(
                 "history: created %d, dropped %d partition(s); %d row(s) deleted from the "
@@ -235,6 +239,16 @@ class History:
             rows = await self._repository.fetch(statement, horizon, BATCH)
             total += len(rows)
             if len(rows) < BATCH:
+                return total
+
+    async def forget_keys(self) -> int:
+        """Delete idempotency keys whose window is over, 500 per statement; how many."""
+        total = 0
+        while True:
+            rows = await self._repository.fetch(FORGET_KEYS_STATEMENT)
+            forgotten = int(rows[0]["forgotten"])
+            total += forgotten
+            if forgotten < BATCH:
                 return total
 
     async def sweep(self) -> int:

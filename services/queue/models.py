@@ -228,6 +228,37 @@ class JobHistory(Base):
     )
 
 
+class IdempotencyKey(Base):
+    """A tenant's idempotency key, held for its window (docs/architecture.md#idempotency):
+    `job_id` is the job submitted under it, `request_hash` the request's hash, and the key
+    blocks a different request, and replays the same one, until `expires_at`. A submit takes
+    a key by inserting its row, or by taking over a row whose window is over; expired rows
+    are deleted in batches by the retention loop. Its own table, so a key's life does not
+    depend on where its job lives (`job` or `job_history`) or on the job's retention."""
+
+    __tablename__ = "idempotency_key"
+
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        # The retention loop walks expired keys oldest first.
+        Index("ix_idempotency_key_expires_at", "expires_at"),
+        # Every key is inserted once and deleted once: vacuum early so the space is reused
+        # and the table stays the size of one window's keys.
+        {
+            "postgresql_with": {
+                "autovacuum_vacuum_scale_factor": "0.02",
+                "autovacuum_analyze_scale_factor": "0.02",
+                "autovacuum_vacuum_cost_delay": "0",
+            }
+        },
+    )
+
+
 class ScheduleState(Base):
     """One recurring schedule's state: the latest cron bucket it fired.
 

@@ -1297,6 +1297,22 @@ _DEPTH = depth_statement()
 # Finished rows a release before the history left in `job` (a rollout), moved $1 at a time,
 # oldest first, by ix_job_retention (statuses as literals inside its predicate, so a generic
 # plan can prove the index applies). services/queue/history.py runs it.
+# Expired idempotency keys, 500 per statement, oldest first; a key a submit is taking over at
+# this moment is locked and skipped, and the outer WHERE re-checks the expiry as it is now.
+# The literal LIMIT lets the plan join the 500 picked keys by primary key.
+FORGET_KEYS_STATEMENT = """
+WITH expired AS (
+    SELECT tenant, key FROM idempotency_key WHERE expires_at <= statement_timestamp()
+    ORDER BY expires_at LIMIT 500 FOR UPDATE SKIP LOCKED
+), forgotten AS (
+    DELETE FROM idempotency_key AS held USING expired
+    WHERE held.tenant = expired.tenant AND held.key = expired.key
+      AND held.expires_at <= statement_timestamp()
+    RETURNING 1
+)
+SELECT count(*) AS forgotten FROM forgotten
+"""
+
 SWEEP_STATEMENT = f"""
 WITH finished AS (
     DELETE FROM job WHERE id = ANY(ARRAY(

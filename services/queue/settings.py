@@ -5,7 +5,9 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from common.contracts import (
+    DEFAULT_IDEMPOTENCY_WINDOW,
     DEFAULT_MAX_ATTEMPTS,
+    IDEMPOTENCY_WINDOW_MAX,
     MAX_ATTEMPTS_MAX,
     MAX_ATTEMPTS_MIN,
     VISIBILITY_TIMEOUT_MAX,
@@ -68,6 +70,8 @@ class QueueSettings(HttpServiceSettings):
     queue_retention: Duration = 7 * 86400.0
     queue_dead_letter_retention: Duration = 14 * 86400.0
     queue_retention_interval: Duration = 60.0
+    queue_idempotency_window: Duration = DEFAULT_IDEMPOTENCY_WINDOW
+    """How long an idempotency key is held when the submit names no window (seconds)."""
     queue_history_partition: Duration = 86400.0
     """Width of a `job_history` partition (a slot of `finished_at`); retention drops whole
     partitions, so a finished job is kept between its retention and retention + this."""
@@ -111,6 +115,13 @@ class QueueSettings(HttpServiceSettings):
                 self.queue_db_idle_in_transaction_timeout
             ),
         }
+
+    @field_validator("queue_idempotency_window")
+    @classmethod
+    def _window(cls, value: float) -> float:
+        if not 1 <= value <= IDEMPOTENCY_WINDOW_MAX:
+            raise ValueError(f"an idempotency window is 1s..{IDEMPOTENCY_WINDOW_MAX // 86400}d")
+        return value
 
     @field_validator("database_url")
     @classmethod

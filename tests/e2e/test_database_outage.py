@@ -96,7 +96,9 @@ async def test_a_postgres_restart_under_load_is_503s_and_loses_no_report(
             try:
                 deadline = time.monotonic() + 90
                 while (
-                    await connection.fetchval("SELECT count(*) FROM job_all WHERE status='COMPLETED'")
+                    await connection.fetchval(
+                        "SELECT count(*) FROM job_all WHERE status='COMPLETED'"
+                    )
                     < 600
                 ):
                     if time.monotonic() > deadline:
