@@ -61,10 +61,15 @@ class Base(DeclarativeBase):
 
 
 class Job(Base):
-    """One job. `visible_at` means: due time (SCHEDULED), ready since (PENDING), lease expiry
-    (PROCESSING); the finished states keep the last value. `ready_at` is when the job last
-    became claimable (enqueue, promotion, retry, redrive, release, expiry): the claim order
-    within a priority."""
+    """One live job. `visible_at` means: due time (SCHEDULED), ready since (PENDING), lease
+    expiry (PROCESSING); the finished states (in `job_history`) keep the last value.
+    `ready_at` is when the job last became claimable (enqueue, promotion, retry, redrive,
+    release, expiry): the claim order within a priority.
+
+    The statement that finishes a job moves it to `job_history`, which has the same columns:
+    a column added here must be added there, to `repository.ALL_COLUMNS` and to the view
+    `job_all` (`job UNION ALL job_history`, made by migration a7f3c91e5d42), in one
+    migration."""
 
     __tablename__ = "job"
 
