@@ -97,8 +97,7 @@ async def test_expired_keys_are_removed_in_batches(
     connection = await asyncpg.connect(clean_database)
     try:
         await connection.execute(
-            "UPDATE idempotency_key SET expires_at = now() - interval '1 second'"
-            " WHERE key <> 'k0'"
+            "UPDATE idempotency_key SET expires_at = now() - interval '1 second' WHERE key <> 'k0'"
         )
         assert await History(repository, 86400, 7 * 86400, 14 * 86400).forget_keys() == 1202
         assert await connection.fetchval("SELECT count(*) FROM idempotency_key") == 1
