@@ -63,14 +63,14 @@ _TABLES = """
 SELECT pg_total_relation_size('job') AS job_bytes,
        s.n_live_tup AS live, s.n_dead_tup AS dead, s.autovacuum_count AS autovacuums,
        s.n_tup_del AS job_deleted,
-       pg_current_wal_lsn() - '0/0'::pg_lsn AS wal,
+       (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint AS wal,
        (SELECT count(*) FROM job WHERE status = 'PENDING') AS pending
 FROM pg_stat_user_tables AS s WHERE s.relid = 'job'::regclass
 """
 
 _HISTORY = """
-SELECT COALESCE(sum(pg_total_relation_size(tree.relid)), 0) AS bytes,
-       COALESCE(sum(s.n_tup_del), 0) AS deleted,
+SELECT COALESCE(sum(pg_total_relation_size(tree.relid)), 0)::bigint AS bytes,
+       COALESCE(sum(s.n_tup_del), 0)::bigint AS deleted,
        count(*) FILTER (WHERE tree.isleaf) AS partitions
 FROM pg_partition_tree('job_history') AS tree
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = tree.relid
