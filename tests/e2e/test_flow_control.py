@@ -71,7 +71,7 @@ async def test_pause_with_busy_workers_stops_claims_and_resume_restarts_them(
 ) -> None:
     connection = await asyncpg.connect(busy_stack.database_url)
     try:
-        await connection.execute("TRUNCATE job, queue_control, rate_bucket")
+        await connection.execute("TRUNCATE job, job_history, queue_control, rate_bucket")
         async with httpx.AsyncClient(base_url=busy_stack.producer, timeout=10) as producer:
             batch = [{"taskType": "sleep", "payload": {"ms": SLEEP_MS}} for _ in range(JOBS // 2)]
             for _ in range(2):
