@@ -164,7 +164,7 @@ def psql(sql: str) -> str:
 
 
 def job_counts() -> dict[str, int]:
-    rows = psql("SELECT status, count(*) FROM job GROUP BY status")
+    rows = psql("SELECT status, count(*) FROM job_all GROUP BY status")
     return {s: int(n) for s, n in (line.split("|") for line in rows.splitlines() if line)}
 
 
