@@ -413,7 +413,9 @@ def step_down() -> None:
         raise Failed(f"stopped by SIGKILL (over their grace): {killed}")
     for bad in ("Traceback", "never retrieved"):
         if bad in queue_log:
-            raise Failed(f"queue service log at shutdown has {bad!r}:\n{queue_log[-3000:]}")
+            at = queue_log.index(bad)
+            line = queue_log.rfind("\n", 0, at) + 1
+            raise Failed(f"queue service log at shutdown has {bad!r}:\n{queue_log[line:][:3000]}")
     left = project_leftovers()
     if any(left.values()):
         raise Failed(f"left behind: {left}")

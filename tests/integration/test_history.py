@@ -105,6 +105,38 @@ async def test_retry_and_redrive_bring_a_historic_job_back_as_live_work(
     assert sorted(j.id for j in again) == sorted(ids)
 
 
+async def test_a_revived_job_whose_key_is_held_again_comes_back_without_it(
+    repository: JobRepository,
+) -> None:
+    """Past its window a key may be taken by a new job: retrying the finished one (or two
+    finished ones of one key at once) revives it without the key instead of failing on the
+    live table's unique key index."""
+    rows = [
+        dataclasses.replace(new_job(), idempotency_key="k-again", request_hash=f"h{n}",
+                            idempotency_window=0.001)
+        for n in range(3)
+    ]  # fmt: skip
+    finished = []
+    for row in rows[:2]:
+        [taken] = await insert_jobs(repository, [row])
+        assert not isinstance(taken, Exception) and taken.created
+        [job] = await repository.claim(["default"], "w", 1, 30)
+        await repository.fail_many(
+            [FailEntry(job.id, job.receipt_handle, "boom", False, None, 1.0)], Backoff(1, 2, 1)
+        )
+        finished.append(job.id)
+        await asyncio.sleep(0.01)  # the key's window is over
+    [live] = await insert_jobs(repository, [rows[2]])
+    assert not isinstance(live, Exception) and live.created
+
+    assert await repository.redrive(None, None, 10) == 2
+    revived = [await repository.get(i) for i in finished]
+    assert all(v is not None and v[0].status is JobStatus.PENDING for v in revived)
+    assert all(v is not None and v[0].idempotency_key is None for v in revived)
+    holder = await repository.get(rows[2].id)
+    assert holder is not None and holder[0].idempotency_key == "k-again"
+
+
 async def test_a_forward_retried_after_the_job_finished_is_a_replay(
     repository: JobRepository,
 ) -> None:
