@@ -149,8 +149,8 @@ class History:
                 len(done.dropped),
                 done.default_deleted,
                 done.swept,
-                extra={"event": "history_maintained", "created": done.created,
-                       "dropped": done.dropped},
+                extra={"event": "history_maintained", "partitions_created": done.created,
+                       "partitions_dropped": done.dropped},
             )  # fmt: skip
         return done
 
