@@ -191,6 +191,12 @@ bench-compare: install ## Burn-down and submits of BEFORE=<rev> and this checkou
 	@test -n "$(BEFORE)" || { echo "usage: make bench-compare BEFORE=<commit> [COMPARE_ARGS=...]"; exit 2; }
 	$(BIN)/python -m benchmark.compare --before $(BEFORE) $(COMPARE_ARGS)
 
+MINUTES ?= 30
+SOAK_ARGS ?=
+.PHONY: bench-soak
+bench-soak: install ## Soak (~MINUTES per side): 1,000 jobs/s drained, retention in minutes, a 60 s snapshot; hot table, claim p99, WAL/job; JSON+PNG [MINUTES=30] [BEFORE=<rev>] [SOAK_ARGS=…]
+	$(BIN)/python -m benchmark.soak --minutes $(MINUTES) $(if $(BEFORE),--before $(BEFORE)) $(SOAK_ARGS)
+
 PROFILE_ARGS ?=
 .PHONY: profile
 profile: install ## One burn-down with py-spy on the queue service and workers: CPU µs per job by process, top frames [PROFILE_ARGS="--jobs 150000"]

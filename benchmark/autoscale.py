@@ -44,6 +44,7 @@ matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt
 
+from benchmark import database
 from benchmark.database import drop_database, migrated_database
 from benchmark.keda import Controller, Scaling
 from benchmark.stats import percentile
@@ -196,12 +197,14 @@ async def run(mode: str, fixed: int, scratch: Path, time_scale: float) -> dict[s
             waits = [
                 row[0]
                 for row in await connection.fetch(
-                    "SELECT EXTRACT(EPOCH FROM claimed_at - created_at)::float8 FROM job"
+                    "SELECT EXTRACT(EPOCH FROM claimed_at - created_at)::float8"
+                    f" FROM {await database.jobs_relation(connection)}"
                     " WHERE claimed_at IS NOT NULL"
                 )
             ]
             completed = await connection.fetchval(
-                "SELECT count(*) FROM job WHERE status = 'COMPLETED'"
+                f"SELECT count(*) FROM {await database.jobs_relation(connection)}"
+                " WHERE status = 'COMPLETED'"
             )
         finally:
             await connection.close()

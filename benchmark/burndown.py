@@ -85,7 +85,7 @@ async def prepare_backlog(
     """Empty the job table, insert `jobs` jobs, VACUUM ANALYZE. With `tenants` > 1 the jobs
     belong to tenants `tenant-00`, `tenant-01`, … in turn (by insertion order), so every
     tenant has a backlog of the same size all through the burn-down."""
-    await connection.execute("TRUNCATE job")
+    await database.truncate_jobs(connection)
     await database.insert_jobs(connection, jobs, task_type, payload)
     if tenants > 1:
         await connection.execute(

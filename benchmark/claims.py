@@ -5,7 +5,8 @@ asyncpg pool made by `create_pool`, so the same statement, plan settings and dec
 jobs at a time from a backlog of waiting jobs, each claim acknowledged at once. Cases:
 
 - `empty`: the backlog alone;
-- `completed_1m`: plus 1,000,000 COMPLETED rows (vacuumed, as autovacuum leaves them);
+- `completed_1m`: plus 1,000,000 COMPLETED rows (vacuumed, as autovacuum leaves them; in
+  `job_history` on a schema that has it, where finished jobs live since issue 20);
 - `scheduled_100k`: plus 100,000 SCHEDULED rows due in a day (inserted by the enqueue
   statement);
 - `rr_hold`: a burn-down by 2 workers x 4 slots (10 ms sleep jobs, so it lasts at a steady
@@ -45,6 +46,20 @@ FROM (SELECT now() - interval '1 day' + g * interval '10 ms' AS t
 """
 
 
+# Where finished jobs live on a schema with the history (issue 20): `job_history`, so the claim
+# table holds the backlog alone, as it would in production.
+_COMPLETED_HISTORY_PARTITIONED = """
+INSERT INTO job_history (id, tenant, queue, task_type, payload, status, priority, attempts,
+                         releases, max_attempts, visible_at, claimed_at, ready_at,
+                         cancel_requested, awaited, errors, request_hash, result, created_at,
+                         updated_at, finished_at)
+SELECT gen_random_uuid(), 'default', 'default', $2, '{}', 'COMPLETED', 0, 1, 0, 5, t, t, t,
+       false, false, '[]', $3, '{}', t, t, t
+FROM (SELECT now() - interval '1 day' + g * interval '10 ms' AS t
+      FROM generate_series(1, $1) AS g) AS times
+"""
+
+
 @dataclass(frozen=True)
 class HistorySizes:
     """Rows besides the backlog: COMPLETED (0 skips the case) and SCHEDULED."""
@@ -69,7 +84,9 @@ async def _probe(repository: JobRepository, claims: int) -> list[float]:
 async def _fill(connection: asyncpg.Connection, case: str, sizes: HistorySizes) -> None:
     if case == "completed_1m":
         digest = database.job_rows(1, HISTORY_TASK)[0].request_hash
-        await connection.execute(_COMPLETED_HISTORY, sizes.completed, HISTORY_TASK, digest)
+        partitioned = await connection.fetchval("SELECT to_regclass('job_history') IS NOT NULL")
+        statement = _COMPLETED_HISTORY_PARTITIONED if partitioned else _COMPLETED_HISTORY
+        await connection.execute(statement, sizes.completed, HISTORY_TASK, digest)
     elif case == "scheduled_100k":
         await database.insert_jobs(connection, sizes.scheduled, HISTORY_TASK, delay=86_400)
     await connection.execute("VACUUM ANALYZE job")

@@ -97,6 +97,45 @@ def job_rows(
     return [dataclasses.replace(template, id=new_job_id()) for _ in range(count)]
 
 
+ENQUEUE_BEFORE_HISTORY = """
+WITH incoming AS (
+    SELECT * FROM jsonb_to_recordset(CAST(CAST($1 AS text) AS jsonb)) AS j(
+        id uuid, queue text, task_type text, payload jsonb, priority int, delay float8,
+        max_attempts int, timeout_seconds int, idempotency_key text, request_hash text,
+        tenant text, trace_context jsonb)
+), inserted AS (
+    INSERT INTO job (id, tenant, queue, task_type, payload, status, priority, max_attempts,
+                     timeout_seconds, visible_at, ready_at, idempotency_key, request_hash,
+                     created_at, updated_at, trace_context)
+    SELECT id, COALESCE(tenant, 'default'), queue, task_type, payload,
+           CASE WHEN delay > 0 THEN 'SCHEDULED' ELSE 'PENDING' END,
+           priority, max_attempts, timeout_seconds,
+           statement_timestamp() + make_interval(secs => delay),
+           -- A delayed job's ready time is set again when it is promoted.
+           statement_timestamp() + make_interval(secs => delay),
+           idempotency_key, request_hash, statement_timestamp(), statement_timestamp(),
+           trace_context
+    FROM incoming
+    -- One global order for the unique-index entries: concurrent batches sharing keys then
+    -- wait for each other instead of deadlocking.
+    ORDER BY tenant, idempotency_key, id
+    -- No conflict target: a collision on the id (a replayed forward) or on the tenant's
+    -- idempotency key both mean "this job may exist already", which the caller resolves by
+    -- reading it.
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue, task_type, status
+), woken AS (
+    -- One notification per queue per statement, never one per row.
+    SELECT pg_notify('jobq_ready', queue || ':' || count(*)) FROM inserted
+    WHERE status = 'PENDING' GROUP BY queue
+)
+SELECT id, queue, task_type, status, (SELECT count(*) FROM woken) AS notified FROM inserted
+"""
+"""The enqueue statement of the revisions before the history and the idempotency-key table
+(issue 20), frozen here: bench-compare fills an earlier revision's database with this
+checkout's code, and this checkout's statement names tables that schema lacks."""
+
+
 def _without_trace_context(statement: str) -> str:
     """The enqueue statement as a revision before `job.trace_context` wrote it (bench-compare
     fills an earlier revision's database with this checkout's code)."""
@@ -109,17 +148,19 @@ def _without_trace_context(statement: str) -> str:
     return statement
 
 
-ENQUEUE_PREVIOUS = _without_trace_context(ENQUEUE_ASYNCPG)
+ENQUEUE_PREVIOUS = _without_trace_context(ENQUEUE_BEFORE_HISTORY)
 
 
 async def _enqueue_statement(connection: asyncpg.Connection) -> str:
-    """This checkout's enqueue statement, or the previous one for a database without
-    `job.trace_context`."""
+    """This checkout's enqueue statement; the one before the history for a database without
+    `idempotency_key`; the one before that for a database without `job.trace_context`."""
+    if await connection.fetchval("SELECT to_regclass('idempotency_key') IS NOT NULL"):
+        return ENQUEUE_ASYNCPG
     traced = await connection.fetchval(
         "SELECT EXISTS (SELECT FROM information_schema.columns"
         " WHERE table_name = 'job' AND column_name = 'trace_context')"
     )
-    return ENQUEUE_ASYNCPG if traced else ENQUEUE_PREVIOUS
+    return ENQUEUE_BEFORE_HISTORY if traced else ENQUEUE_PREVIOUS
 
 
 async def insert_jobs(
@@ -138,16 +179,30 @@ async def insert_jobs(
         await connection.fetch(statement, encode_rows(rows))
 
 
+async def jobs_relation(connection: asyncpg.Connection) -> str:
+    """The relation holding every job: `job_all` (the live table and the history) on a schema
+    with the history (issue 20), else `job`, so the benchmark reads either revision."""
+    found = await connection.fetchval("SELECT to_regclass('job_all') IS NOT NULL")
+    return "job_all" if found else "job"
+
+
+async def truncate_jobs(connection: asyncpg.Connection) -> None:
+    """Empty the job table, and the history where the schema has one."""
+    history = await connection.fetchval("SELECT to_regclass('job_history') IS NOT NULL")
+    await connection.execute("TRUNCATE job, job_history" if history else "TRUNCATE job")
+
+
 async def reset_jobs(connection: asyncpg.Connection) -> None:
     """Empty the job table and refresh its statistics (between runs on one database)."""
-    await connection.execute("TRUNCATE job")
+    await truncate_jobs(connection)
     await connection.execute("VACUUM ANALYZE job")
 
 
 async def burn_window(connection: asyncpg.Connection) -> float:
     """Seconds from the first claim to the last completion of the COMPLETED jobs (0 if none)."""
+    jobs = await jobs_relation(connection)
     seconds = await connection.fetchval(
-        "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(claimed_at))::float8 FROM job"
+        f"SELECT EXTRACT(EPOCH FROM max(finished_at) - min(claimed_at))::float8 FROM {jobs}"
         " WHERE status = 'COMPLETED'"
     )
     return float(seconds or 0.0)
@@ -156,9 +211,10 @@ async def burn_window(connection: asyncpg.Connection) -> float:
 async def outcome(connection: asyncpg.Connection) -> dict[str, Any]:
     """What became of the jobs: `{total, by_status: {status: n}, by_attempts: {attempts: n}}`
     (attempts counted over COMPLETED jobs only)."""
-    statuses = await connection.fetch("SELECT status, count(*) AS n FROM job GROUP BY status")
+    jobs = await jobs_relation(connection)
+    statuses = await connection.fetch(f"SELECT status, count(*) AS n FROM {jobs} GROUP BY status")
     attempts = await connection.fetch(
-        "SELECT attempts, count(*) AS n FROM job WHERE status = 'COMPLETED'"
+        f"SELECT attempts, count(*) AS n FROM {jobs} WHERE status = 'COMPLETED'"
         " GROUP BY attempts ORDER BY attempts"
     )
     by_status = {str(r["status"]): int(r["n"]) for r in statuses}
@@ -188,14 +244,16 @@ def verify(result: dict[str, Any], expected: int, max_attempts: int = 1) -> dict
 
 async def completed_count(connection: asyncpg.Connection) -> int:
     """How many jobs are COMPLETED right now."""
-    return int(await connection.fetchval("SELECT count(*) FROM job WHERE status = 'COMPLETED'"))
+    jobs = await jobs_relation(connection)
+    return int(await connection.fetchval(f"SELECT count(*) FROM {jobs} WHERE status = 'COMPLETED'"))
 
 
 async def latencies_ms(connection: asyncpg.Connection, start: str, end: str) -> list[float]:
     """`end - start` in milliseconds for every COMPLETED job; `start`/`end` are column names
     of `job` (e.g. created_at, claimed_at, finished_at)."""
+    jobs = await jobs_relation(connection)
     rows = await connection.fetch(
-        f"SELECT EXTRACT(EPOCH FROM {end} - {start})::float8 * 1000 AS ms FROM job"
+        f"SELECT EXTRACT(EPOCH FROM {end} - {start})::float8 * 1000 AS ms FROM {jobs}"
         " WHERE status = 'COMPLETED'"
     )
     return [float(r["ms"]) for r in rows]

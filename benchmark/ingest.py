@@ -26,6 +26,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from benchmark import database
 from benchmark.context import Context, stack_pids
 from benchmark.processes import ProcessMeter, cpu_per_request
 from infra.stack import ROOT, LocalStack, free_port
@@ -234,7 +235,10 @@ async def truncate(database_url: str, table: str) -> None:
     """Empty `table` before a target's round, so every round starts from the same size."""
     connection = await asyncpg.connect(database_url)
     try:
-        await connection.execute(f"TRUNCATE {table}")
+        if table == "job":
+            await database.truncate_jobs(connection)
+        else:
+            await connection.execute(f"TRUNCATE {table}")
         await connection.execute(f"VACUUM ANALYZE {table}")
     finally:
         await connection.close()

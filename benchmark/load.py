@@ -114,10 +114,13 @@ async def _drain(database_url: str, within: float) -> dict[str, Any]:
             if open_jobs == 0 or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.5)
-        counts = dict(await connection.fetch("SELECT status, count(*) FROM job GROUP BY status"))
+        jobs = await database.jobs_relation(connection)
+        counts = dict(
+            await connection.fetch(f"SELECT status, count(*) FROM {jobs} GROUP BY status")
+        )
         span = await connection.fetchrow(
             "SELECT EXTRACT(EPOCH FROM min(created_at)) AS first,"
-            " EXTRACT(EPOCH FROM max(finished_at)) AS last FROM job WHERE status = 'COMPLETED'"
+            f" EXTRACT(EPOCH FROM max(finished_at)) AS last FROM {jobs} WHERE status = 'COMPLETED'"
         )
         # Submit → COMPLETED by the database clock: the insert to the ack that finished it.
         latency = latency_summary(

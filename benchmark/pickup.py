@@ -56,8 +56,10 @@ async def run(
         await wait_completed(connection, jobs, ctx.progress, "pickup", 60, stack)
         claimed = await database.latencies_ms(connection, "created_at", "claimed_at")
         completed = await database.latencies_ms(connection, "created_at", "finished_at")
+        jobs_relation = await database.jobs_relation(connection)
         rows = await connection.fetch(
-            "SELECT id::text AS id, EXTRACT(EPOCH FROM finished_at)::float8 AS f FROM job"
+            "SELECT id::text AS id, EXTRACT(EPOCH FROM finished_at)::float8 AS f"
+            f" FROM {jobs_relation}"
             " WHERE status = 'COMPLETED'"
         )
         post = [(r["f"] - began[r["id"]]) * 1000 for r in rows if r["id"] in began]

@@ -67,7 +67,7 @@ async def run(
         await asyncio.sleep(idle_seconds)
         idle = _shares(meter.stop(), idle_seconds)
         picked = await pickup.run(ctx, stack, key, pickup_jobs, pickup_rate)
-        await connection.execute("TRUNCATE job")
+        await database.truncate_jobs(connection)
         target = Target("producer", f"{stack.producer}/jobs", key, classes, url)
         step = await run_step(ctx, target, load_rate, load_seconds, ctx.logs)
         accepted = step["requests"] - step["failed"]
@@ -101,7 +101,7 @@ async def _latency_step(
 ) -> dict[str, Any]:
     """One step of the latency under load: `{fraction, rate, submit_p50_ms, submit_p95_ms,
     dropped, failed, submit_to_completed: {count, p50_ms, p95_ms, p99_ms, max_ms}, verified}`."""
-    await connection.execute("TRUNCATE job")
+    await database.truncate_jobs(connection)
     ctx.progress.note(f"latency under load: {rate}/s ({fraction:.0%} of the knee)")
     step = await run_step(ctx, target, rate, seconds, ctx.logs)
     accepted = step["requests"] - step["failed"]

@@ -145,7 +145,8 @@ async def _round(
     finished = {
         str(row["id"]): row["f"]
         for row in await connection.fetch(
-            "SELECT id, EXTRACT(EPOCH FROM finished_at)::float8 AS f FROM job"
+            "SELECT id, EXTRACT(EPOCH FROM finished_at)::float8 AS f"
+            f" FROM {await database.jobs_relation(connection)}"
         )
     }
     completed = sum(status == "COMPLETED" for _, status in answered.values())

@@ -74,13 +74,28 @@ TimeoutSeconds = Annotated[int, Meta(ge=TIMEOUT_SECONDS_MIN, le=TIMEOUT_SECONDS_
 ClaimVisibilityTimeout = Annotated[int, Meta(ge=1, le=VISIBILITY_TIMEOUT_MAX)]
 HeartbeatVisibilityTimeout = Annotated[int, Meta(ge=0, le=VISIBILITY_TIMEOUT_MAX)]
 RetryAfterSeconds = Annotated[float, Meta(ge=0, le=MAX_DELAY_SECONDS)]
+IDEMPOTENCY_WINDOW_MAX = 30 * 86400
+"""The longest idempotency window a submit may ask for, in seconds (30 days)."""
+DEFAULT_IDEMPOTENCY_WINDOW = 7 * 86400.0
+"""An idempotency key's window when neither the submit nor the queue service's
+QUEUE_IDEMPOTENCY_WINDOW says otherwise (seconds; the client library's `enqueue` uses it)."""
+IdempotencyWindowSeconds = Annotated[
+    int,
+    Meta(
+        ge=1,
+        le=IDEMPOTENCY_WINDOW_MAX,
+        description="Seconds the idempotency key blocks a different request and replays this"
+        " one (1..2592000; default the queue service's QUEUE_IDEMPOTENCY_WINDOW, 7 days).",
+    ),
+]
 IdempotencyKey = Annotated[
     str,
     Meta(
         min_length=1,
         max_length=IDEMPOTENCY_KEY_MAX_BYTES,
         pattern=r"^[\x20-\x7e]+(?!\n)$",
-        description="Printable ASCII, 1..255 bytes; unique per tenant, lives as long as its job.",
+        description="Printable ASCII, 1..255 bytes; unique per tenant for its window"
+        " (idempotencyWindowSeconds).",
     ),
 ]
 WorkerName = Annotated[
@@ -130,6 +145,7 @@ class SubmitJobRequest(_Wire):
     max_attempts: MaxAttempts | None = None
     timeout_seconds: TimeoutSeconds | None = None
     idempotency_key: IdempotencyKey | None = None
+    idempotency_window_seconds: IdempotencyWindowSeconds | None = None
 
 
 TRACEPARENT_PATTERN = r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$(?!\n)"

@@ -22,7 +22,13 @@ from typing import Any, Protocol
 
 import msgspec
 
-from common.contracts import JobStatus, SubmitJobRequest, SubmitJobResponse, TraceContext
+from common.contracts import (
+    DEFAULT_IDEMPOTENCY_WINDOW,
+    JobStatus,
+    SubmitJobRequest,
+    SubmitJobResponse,
+    TraceContext,
+)
 from common.errors import IdempotencyConflict, JobqError, ServiceUnavailable
 from common.hashing import request_hash
 
@@ -38,7 +44,21 @@ WITH incoming AS (
     SELECT * FROM jsonb_to_recordset(CAST(CAST({rows} AS text) AS jsonb)) AS j(
         id uuid, queue text, task_type text, payload jsonb, priority int, delay float8,
         max_attempts int, timeout_seconds int, idempotency_key text, request_hash text,
-        tenant text, trace_context jsonb)
+        tenant text, trace_context jsonb, idempotency_window float8)
+), keys AS (
+    -- A key is taken by inserting it, or by taking over an expired one (its window is over);
+    -- a key held by another submit (committed or not: the loser waits for the winner) is not.
+    -- Sorted, so concurrent batches sharing keys wait for each other instead of deadlocking.
+    INSERT INTO idempotency_key AS held (tenant, key, job_id, request_hash, expires_at)
+    SELECT COALESCE(tenant, 'default'), idempotency_key, id, request_hash,
+           statement_timestamp() + make_interval(secs => idempotency_window)
+    FROM incoming WHERE idempotency_key IS NOT NULL
+    ORDER BY 1, 2
+    ON CONFLICT (tenant, key) DO UPDATE
+        SET job_id = EXCLUDED.job_id, request_hash = EXCLUDED.request_hash,
+            expires_at = EXCLUDED.expires_at
+        WHERE held.expires_at <= statement_timestamp()
+    RETURNING held.job_id
 ), inserted AS (
     INSERT INTO job (id, tenant, queue, task_type, payload, status, priority, max_attempts,
                      timeout_seconds, visible_at, ready_at, idempotency_key, request_hash,
@@ -52,6 +72,10 @@ WITH incoming AS (
            idempotency_key, request_hash, statement_timestamp(), statement_timestamp(),
            trace_context
     FROM incoming
+    -- A keyed job only under a key this statement took. A finished job lives in
+    -- job_history, out of the primary key's reach: its id (a retried forward) collides there.
+    WHERE (incoming.idempotency_key IS NULL OR incoming.id IN (SELECT job_id FROM keys))
+      AND NOT EXISTS (SELECT FROM job_history AS h WHERE h.id = incoming.id)
     -- One global order for the unique-index entries: concurrent batches sharing keys then
     -- wait for each other instead of deadlocking.
     ORDER BY tenant, idempotency_key, id
@@ -74,11 +98,20 @@ ENQUEUE_ASYNCPG = _ENQUEUE.format(rows="$1", channel=WAKEUP_CHANNEL)
 ENQUEUE_NAMED = _ENQUEUE.format(rows=":rows", channel=WAKEUP_CHANNEL)
 """The enqueue statement with a named `:rows` parameter (SQLAlchemy `text()`)."""
 
-# Idempotency keys are unique per tenant: only the same tenant's key is a collision.
+# Idempotency keys are unique per tenant: only the same tenant's key is a collision, found in
+# `idempotency_key` while its window lasts. The job may be live or finished (`job_all` is
+# `job UNION ALL job_history`). The key's request hash is the one it was taken with.
 _FIND_EXISTING = """
-SELECT id, status, request_hash, tenant FROM job
-WHERE id = {id} OR ({key} IS NOT NULL AND tenant = {tenant} AND idempotency_key = {key})
-ORDER BY (id = {id}) DESC
+SELECT id, status, request_hash, tenant, 0 AS rank FROM job_all WHERE id = {id}
+UNION ALL
+SELECT job.id, job.status, held.request_hash, held.tenant, 1 FROM idempotency_key AS held
+JOIN job_all AS job ON job.id = held.job_id
+WHERE {key} IS NOT NULL AND held.tenant = {tenant} AND held.key = {key}
+  AND held.expires_at > statement_timestamp()
+UNION ALL
+SELECT id, status, request_hash, tenant, 2 FROM job
+WHERE {key} IS NOT NULL AND tenant = {tenant} AND idempotency_key = {key}
+ORDER BY rank
 LIMIT 1
 """
 
@@ -106,6 +139,9 @@ class JobRow:
     trace_context: TraceContext | msgspec.UnsetType = msgspec.UNSET
     """Left out of the statement's JSON when the job has none (`UNSET`): the column reads
     NULL, and a submit without tracing sends no `"trace_context": null` per row."""
+    idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW
+    """Seconds the key (if any) is held: the submit's idempotencyWindowSeconds, else the
+    default."""
 
 
 def job_row(
@@ -114,6 +150,7 @@ def job_row(
     default_max_attempts: int,
     tenant: str = "default",
     trace_context: TraceContext | None = None,
+    default_idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW,
 ) -> JobRow:
     """The row for a validated request, owned by `tenant`, carrying the submitting span's
     `trace_context`; `default_max_attempts` fills an omitted maxAttempts (the hash still
@@ -131,6 +168,7 @@ def job_row(
         request_hash=request_hash(request),
         tenant=tenant,
         trace_context=msgspec.UNSET if trace_context is None else trace_context,
+        idempotency_window=float(request.idempotency_window_seconds or default_idempotency_window),
     )
 
 

@@ -94,7 +94,9 @@ async def clean_database(database_url: str) -> str:
     """The test database with empty job, schedule, queue_control and rate_bucket tables."""
     connection = await asyncpg.connect(database_url)
     try:
-        await connection.execute("TRUNCATE job, schedule, queue_control, rate_bucket")
+        await connection.execute(
+            "TRUNCATE job, job_history, idempotency_key, schedule, queue_control, rate_bucket"
+        )
     finally:
         await connection.close()
     return database_url

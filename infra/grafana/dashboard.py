@@ -498,7 +498,8 @@ def _postgres(board: dashboard.Dashboard) -> None:
                 Query(f'sum(pg_stat_user_tables_n_dead_tup{{{DB}, relname="job"}})', "dead"),
                 Query(f'sum(pg_stat_user_tables_n_live_tup{{{DB}, relname="job"}})', "live"),
             ],
-            "Dead tuples (left by settles and retention, reclaimed by vacuum) and live rows.",
+            "Dead tuples (left by claims, settles and the moves of finished jobs to the history;"
+            " reclaimed by vacuum) and live rows of the hot table.",
             width=6,
         )
     )
@@ -521,7 +522,24 @@ def _postgres(board: dashboard.Dashboard) -> None:
             "bytes",
             [Query(f"sum(pg_database_size_bytes{{{DB}}})", "size")],
             "Disk used by the database.",
-            width=12,
+            width=6,
+        )
+    )
+    board.with_panel(
+        graph(
+            "Hot table and history",
+            "bytes",
+            [
+                Query(f'sum(jobq_tables_bytes{{{DB}, relname="job"}})', "job (live work)"),
+                Query(
+                    f'sum(jobq_tables_bytes{{{DB}, relname="job_history"}})',
+                    "job_history (finished)",
+                ),
+            ],
+            "Bytes of the hot table (live work only: it should stay flat at a steady load) and"
+            " of the history of finished jobs (grows until retention drops its oldest"
+            " partition), each with its indexes.",
+            width=6,
         )
     )
     board.with_panel(

@@ -30,8 +30,9 @@ from common.web.app import (
 )
 from common.web.http_metrics import HttpMetrics
 from common.web.pools import PoolMetrics
-from services.queue.background import Reaper, Retention, Scheduler, every, refresh_depth
+from services.queue.background import Reaper, Scheduler, every, refresh_depth
 from services.queue.depth import DepthCache
+from services.queue.history import History
 from services.queue.metrics import QueueMetrics
 from services.queue.operator import Operator
 from services.queue.operator_routes import OPERATOR_ROUTES
@@ -168,8 +169,11 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         service = QueueService(repository, hub, settings, metrics, shutdown)
         reaper, scheduler = Reaper(repository, metrics), Scheduler(repository)
         recurring = Recurring(service, parse_schedules(settings.queue_schedules))
-        retention = Retention(
-            repository, settings.queue_retention, settings.queue_dead_letter_retention
+        history = History(
+            repository,
+            settings.queue_history_partition,
+            settings.queue_retention,
+            settings.queue_dead_letter_retention,
         )
         operator = Operator(
             repository,
@@ -229,7 +233,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
                         every(
                             "retention",
                             settings.queue_retention_interval,
-                            retention.purge,
+                            history.maintain,
                             shutdown,
                         )
                     )

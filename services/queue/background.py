@@ -1,5 +1,5 @@
-"""The queue service's periodic work: reaper, scheduler, retention and depth (with database
-health) refresh.
+"""The queue service's periodic work: reaper, scheduler and depth (with database health)
+refresh; retention is the history's partition maintenance (services/queue/history.py).
 
 Every replica runs them all; each statement is safe to run concurrently (SKIP LOCKED), so
 replicas share the work without electing a leader.
@@ -106,34 +106,6 @@ class Scheduler:
             total += promoted
             if promoted < BATCH:
                 return total
-
-
-class Retention:
-    """Deletes finished jobs past their retention in small batches (docs/architecture.md#retention):
-    COMPLETED/CANCELLED after `retention` seconds, DEAD_LETTER after `dead_letter_retention`.
-    Each batch is its own short transaction, so retention never holds back vacuum."""
-
-    def __init__(
-        self, repository: JobRepository, retention: float, dead_letter_retention: float
-    ) -> None:
-        self._repository = repository
-        self._rules = (
-            ((JobStatus.COMPLETED, JobStatus.CANCELLED), retention),
-            ((JobStatus.DEAD_LETTER,), dead_letter_retention),
-        )
-
-    async def purge(self) -> int:
-        """Delete everything past retention; returns how many jobs were deleted."""
-        total = 0
-        for statuses, older_than in self._rules:
-            while True:
-                deleted = await self._repository.delete_finished(statuses, older_than, BATCH)
-                total += deleted
-                if deleted < BATCH:
-                    break
-        if total:
-            logger.info("retention deleted %d job(s)", total, extra={"event": "retention"})
-        return total
 
 
 async def refresh_depth(

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.contracts import JobStatus
+from common.contracts import FINISHED_STATUSES, JobStatus
 from common.errors import InvalidInput
 from common.operations import BULK_CHUNK, BulkAction
 from services.queue import statements
-from services.queue.repository import _RESET_FOR_RETRY, JobRepository, _notify_ready
+from services.queue.repository import JobRepository, _notify_ready, archive, revive
 
 ALLOWED: dict[str, tuple[JobStatus, ...]] = {
     "retry": (JobStatus.DEAD_LETTER, JobStatus.CANCELLED),
@@ -29,27 +29,56 @@ ALLOWED: dict[str, tuple[JobStatus, ...]] = {
 }
 """The statuses each action applies to; other jobs are never matched."""
 
+TABLE = {"retry": "job_history", "delete": "job_history", "cancel": "job", "purge": "job"}
+"""Where each action's jobs are: finished ones in the history, live ones in `job`."""
+
 _CHANGE = {
+    # Back from the history to the live table, in one statement per chunk.
     "retry": f"""
-, changed AS (
-    UPDATE job SET {_RESET_FOR_RETRY}
-    WHERE job.id = ANY(ARRAY(SELECT id FROM picked)) AND job.status IN ({{statuses}})
-    RETURNING job.queue, job.status
+, revived AS (
+    DELETE FROM job_history
+    WHERE job_history.id = ANY(ARRAY(SELECT id FROM picked))
+      AND job_history.status IN ({{statuses}})
+    RETURNING job_history.*
+), changed AS (
+    {revive("revived")}
+    RETURNING queue, status
 ), woken AS ({_notify_ready("changed")})
 SELECT count(*) AS changed, (SELECT count(*) FROM woken) AS notified FROM changed""",
-    # As the single cancel: waiting jobs end now, a running one is asked to stop.
-    "cancel": """
+    # As the single cancel: waiting jobs end now (moved to the history), a running one is
+    # asked to stop.
+    "cancel": f"""
+, finished AS (
+    DELETE FROM job
+    WHERE job.id = ANY(ARRAY(SELECT id FROM picked)) AND job.status IN ('PENDING', 'SCHEDULED')
+      AND job.status IN ({{statuses}})
+    RETURNING job.*
+), archived AS (
+    {
+        archive(
+            "finished",
+            status="'CANCELLED'",
+            cancel_requested="false",
+            finished_at="statement_timestamp()",
+            updated_at="statement_timestamp()",
+        )
+    }
+    RETURNING 1
+), asked AS (
+    UPDATE job SET cancel_requested = true, updated_at = statement_timestamp()
+    WHERE job.id = ANY(ARRAY(SELECT id FROM picked)) AND job.status = 'PROCESSING'
+      AND job.status IN ({{statuses}})
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM archived) + (SELECT count(*) FROM asked) AS changed""",
+    "delete": """
 , changed AS (
-    UPDATE job SET
-        status = CASE WHEN status = 'PROCESSING' THEN status ELSE 'CANCELLED' END,
-        cancel_requested = (status = 'PROCESSING'),
-        finished_at = CASE WHEN status = 'PROCESSING' THEN NULL ELSE statement_timestamp() END,
-        updated_at = statement_timestamp()
-    WHERE job.id = ANY(ARRAY(SELECT id FROM picked)) AND job.status IN ({statuses})
+    DELETE FROM job_history WHERE job_history.id = ANY(ARRAY(SELECT id FROM picked))
+                              AND job_history.status IN ({statuses})
     RETURNING 1
 )
 SELECT count(*) AS changed FROM changed""",
-    "delete": """
+    "purge": """
 , changed AS (
     DELETE FROM job WHERE job.id = ANY(ARRAY(SELECT id FROM picked))
                       AND job.status IN ({statuses})
@@ -57,7 +86,6 @@ SELECT count(*) AS changed FROM changed""",
 )
 SELECT count(*) AS changed FROM changed""",
 }
-_CHANGE["purge"] = _CHANGE["delete"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +136,17 @@ def narrowed(action: BulkAction | str, status: JobStatus | None) -> tuple[JobSta
     return (status,)
 
 
+def _table(statuses: Sequence[JobStatus]) -> str:
+    return "job_history" if set(statuses) <= FINISHED_STATUSES else "job"
+
+
 async def count(repository: JobRepository, where: Filter, limit: int) -> int:
     """How many jobs match `where`, counting at most `limit`."""
     condition, args = where.where()
     args.append(limit)
+    table = _table(where.statuses)
     statement = (
-        f"SELECT count(*) AS n FROM (SELECT 1 FROM job WHERE {condition} LIMIT ${len(args)}) m"
+        f"SELECT count(*) AS n FROM (SELECT 1 FROM {table} WHERE {condition} LIMIT ${len(args)}) m"
     )
     rows = await repository.fetch(statements.named("bulk_count", statement), *args)
     return int(rows[0]["n"])
@@ -128,7 +161,7 @@ async def apply(repository: JobRepository, action: str, where: Filter, limit: in
     at = len(args)
     statement = statements.named(
         f"bulk_{action}",
-        f"WITH picked AS (SELECT id FROM job WHERE {condition} ORDER BY id LIMIT ${at} "
+        f"WITH picked AS (SELECT id FROM {TABLE[action]} WHERE {condition} ORDER BY id LIMIT ${at} "
         f"FOR UPDATE SKIP LOCKED)"
         + _CHANGE[action].format(statuses=", ".join(f"'{s.value}'" for s in where.statuses)),
     )

@@ -1,4 +1,6 @@
-"""The `job` table (docs/architecture.md#storage) with its named partial indexes, and the
+"""The `job` table of live work (docs/architecture.md#storage) with its named partial indexes,
+the `job_history` table of finished jobs (partitioned: by list of status, then by range of
+`finished_at`; its partitions are made and dropped by `services/queue/history.py`), the
 `schedule` table that remembers which cron bucket each recurring schedule last fired, and the
 `queue_control` table of queues operators paused.
 
@@ -59,10 +61,15 @@ class Base(DeclarativeBase):
 
 
 class Job(Base):
-    """One job. `visible_at` means: due time (SCHEDULED), ready since (PENDING), lease expiry
-    (PROCESSING); the finished states keep the last value. `ready_at` is when the job last
-    became claimable (enqueue, promotion, retry, redrive, release, expiry): the claim order
-    within a priority."""
+    """One live job. `visible_at` means: due time (SCHEDULED), ready since (PENDING), lease
+    expiry (PROCESSING); the finished states (in `job_history`) keep the last value.
+    `ready_at` is when the job last became claimable (enqueue, promotion, retry, redrive,
+    release, expiry): the claim order within a priority.
+
+    The statement that finishes a job moves it to `job_history`, which has the same columns:
+    a column added here must be added there, to `repository.ALL_COLUMNS` and to the view
+    `job_all` (`job UNION ALL job_history`, made by migration a7f3c91e5d42), in one
+    migration."""
 
     __tablename__ = "job"
 
@@ -156,6 +163,104 @@ class Job(Base):
         # A tenant's listing walks its own jobs, newest first.
         Index("ix_job_tenant_id", "tenant", text("id DESC")),
         AUTOVACUUM_SETTINGS,
+    )
+
+
+FINISHED = ("COMPLETED", "CANCELLED", "DEAD_LETTER")
+"""The statuses of `job_history`; `job` holds the others (and, during a rollout from a release
+before the history, finished rows the sweep has not moved yet)."""
+
+HISTORY_PARTITION_PREFIX = "job_history_"
+"""Every partition of `job_history` is named with this prefix (`services/queue/history.py`);
+the migrations' `alembic check` leaves them out, since they come and go at run time."""
+
+
+class JobHistory(Base):
+    """A finished job (COMPLETED, CANCELLED, DEAD_LETTER), moved out of `job` by the statement
+    that finished it, with the same columns (docs/architecture.md#storage).
+
+    Partitioned by LIST (status): `job_history_done` (COMPLETED, CANCELLED) and
+    `job_history_dead` (DEAD_LETTER), each partitioned by RANGE (finished_at) in slots of
+    `QUEUE_HISTORY_PARTITION` seconds plus a DEFAULT partition, so retention (different for
+    the two) drops whole partitions. The primary key must hold the partition keys; with `id`
+    first it is also the index of reads by id. No unique id across `job` and `job_history`
+    can be declared: the moves keep one row per id (DELETE … RETURNING feeding the INSERT)."""
+
+    __tablename__ = "job_history"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    queue: Mapped[str] = mapped_column(String(64))
+    task_type: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    priority: Mapped[int] = mapped_column(Integer)
+    attempts: Mapped[int] = mapped_column(Integer)
+    releases: Mapped[int] = mapped_column(Integer)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    timeout_seconds: Mapped[int | None] = mapped_column(Integer)
+    visible_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ready_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    locked_by: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean)
+    awaited: Mapped[bool] = mapped_column(Boolean)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    errors: Mapped[list[Any]] = mapped_column(JSONB)
+    result: Mapped[Any | None] = mapped_column(JSONB)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    trace_context: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    idempotency_key: Mapped[str | None] = mapped_column(Text)
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+
+    __table_args__ = (
+        CheckConstraint(f"status IN {FINISHED!r}", name="status_finished"),
+        # Listings walk newest first per queue or tenant (by status: the primary key's id).
+        Index("ix_job_history_queue_id", "queue", text("id DESC")),
+        Index("ix_job_history_tenant_id", "tenant", text("id DESC")),
+        # A submit's key may collide with a finished job's (docs/architecture.md#idempotency).
+        Index(
+            "ix_job_history_tenant_idempotency_key",
+            "tenant",
+            "idempotency_key",
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+        ),
+        {"postgresql_partition_by": "LIST (status)"},
+    )
+
+
+class IdempotencyKey(Base):
+    """A tenant's idempotency key, held for its window (docs/architecture.md#idempotency):
+    `job_id` is the job submitted under it, `request_hash` the request's hash, and the key
+    blocks a different request, and replays the same one, until `expires_at`. A submit takes
+    a key by inserting its row, or by taking over a row whose window is over; expired rows
+    are deleted in batches by the retention loop. Its own table, so a key's life does not
+    depend on where its job lives (`job` or `job_history`) or on the job's retention."""
+
+    __tablename__ = "idempotency_key"
+
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        # The retention loop walks expired keys oldest first.
+        Index("ix_idempotency_key_expires_at", "expires_at"),
+        # Every key is inserted once and deleted once: vacuum early so the space is reused
+        # and the table stays the size of one window's keys.
+        {
+            "postgresql_with": {
+                "autovacuum_vacuum_scale_factor": "0.02",
+                "autovacuum_analyze_scale_factor": "0.02",
+                "autovacuum_vacuum_cost_delay": "0",
+            }
+        },
     )
 
 

@@ -23,19 +23,12 @@ from services.queue import bulk, statements
 from services.queue.activity import Activity
 from services.queue.depth import summarise, with_states
 from services.queue.readings import DepthRow
-from services.queue.repository import JobRepository
+from services.queue.repository import JobRepository, depth_statement
 from services.queue.schedules import Schedule
 
 logger = logging.getLogger(__name__)
 
-_TENANT_DEPTH = """
-SELECT queue, status, count(*) AS count,
-       COALESCE(EXTRACT(EPOCH FROM max(statement_timestamp() - visible_at)
-                                   FILTER (WHERE status = 'PENDING')), 0)::float8 AS oldest_age
-FROM job
-WHERE status IN ('PENDING', 'SCHEDULED', 'PROCESSING', 'DEAD_LETTER') AND tenant = $1
-GROUP BY queue, status
-"""
+_TENANT_DEPTH = depth_statement("$1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +88,7 @@ class Operator:
         if await bulk.apply(self.repository, "delete", where, 1):
             return
         rows = await self.repository.fetch(
-            "SELECT status FROM job WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
+            "SELECT status FROM job_all WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
             job_id,
             tenant,
         )

@@ -38,7 +38,6 @@ from tenacity import (
 
 from common.contracts import (
     ERRORS_HISTORY_MAX,
-    FINISHED_STATUSES,
     ConcurrencyLimit,
     ErrorEntry,
     JobProgress,
@@ -266,9 +265,77 @@ _JOB_COLUMNS = (
 # else only that tenant's jobs, so another tenant's job looks exactly like a missing one.
 _IN_SCOPE = "($2::text IS NULL OR tenant = $2)"
 
-_GET = f"SELECT {_JOB_COLUMNS} FROM job WHERE id = $1 AND {_IN_SCOPE}"
+ALL_COLUMNS = (
+    "id", "tenant", "queue", "task_type", "payload", "status", "priority", "attempts",
+    "releases", "max_attempts", "timeout_seconds", "visible_at", "ready_at", "claimed_at",
+    "lease_id", "locked_by", "cancel_requested", "awaited", "last_error", "errors", "result",
+    "progress", "trace_context", "idempotency_key", "request_hash", "created_at", "updated_at",
+    "finished_at",
+)  # fmt: skip
+"""Every column of `job`, and of `job_history` (the same columns); a moved row keeps each."""
 
-_GET_MANY = f"SELECT {_JOB_COLUMNS} FROM job WHERE id = ANY($1::uuid[])"
+_ALL = ", ".join(ALL_COLUMNS)
+
+
+def _moved_into(table: str, source: str, changed: Mapping[str, str]) -> str:
+    """`INSERT INTO {table} (every column) SELECT … FROM {source} AS job`: the rows of CTE
+    `source` (a DELETE's `RETURNING <table>.*`, maybe with more columns) as they are, but for
+    the columns `changed` gives an SQL expression for (over `job.<column>`)."""
+    values = ", ".join(changed.get(column, f"job.{column}") for column in ALL_COLUMNS)
+    return f"INSERT INTO {table} ({_ALL}) SELECT {values} FROM {source} AS job"
+
+
+def archive(source: str, **changed: str) -> str:
+    """The INSERT that puts the rows a `DELETE FROM job … RETURNING job.*` (CTE `source`)
+    took out of the live table into `job_history`, in the same statement: the one shape of
+    every settle that finishes a job (docs/architecture.md#storage). `changed`: the columns
+    the settle sets, as SQL over `job.<column>`; `finished_at` must be among them."""
+    return _moved_into("job_history", source, changed)
+
+
+def revive(source: str) -> str:
+    """The INSERT that puts the rows a `DELETE FROM job_history … RETURNING job_history.*`
+    (CTE `source`) took out of the history back into `job` as PENDING work, attempts and
+    releases reset (retry and redrive; the SQS moves of dead letters)."""
+    return _moved_into("job", source, RESET_VALUES)
+
+
+RESET_VALUES = {
+    "status": "'PENDING'",
+    "attempts": "0",
+    "releases": "0",
+    "lease_id": "NULL::uuid",
+    "locked_by": "NULL::text",
+    "cancel_requested": "false",
+    "awaited": "false",
+    "result": "NULL::jsonb",
+    "progress": "NULL::jsonb",
+    "claimed_at": "NULL::timestamptz",
+    "finished_at": "NULL::timestamptz",
+    "visible_at": "statement_timestamp()",
+    "ready_at": "statement_timestamp()",
+    "updated_at": "statement_timestamp()",
+    # A key's life is its window in `idempotency_key`; once the window is over another job may
+    # hold the same key live (`uq_job_tenant_idempotency_key`), and so may a second revived
+    # job of the same key: the revived job then comes back without its key, not as a unique
+    # violation (found by the OpenAPI fuzz test's bulk retry with one-second windows).
+    "idempotency_key": (
+        "CASE WHEN row_number() OVER (PARTITION BY job.tenant, job.idempotency_key"
+        " ORDER BY job.id DESC) = 1 AND NOT EXISTS (SELECT FROM job AS live"
+        " WHERE live.tenant = job.tenant AND live.idempotency_key = job.idempotency_key)"
+        " THEN job.idempotency_key END"
+    ),
+}
+"""What retry and redrive set, as `revive` inserts it (the UPDATE form: `_RESET_FOR_RETRY`)."""
+
+_NOW = "statement_timestamp()"
+
+# Reads see a job wherever it is: `job_all` is `job UNION ALL job_history` (a view; each
+# branch is read through its own index). One statement has one snapshot, and a move is one
+# statement's DELETE and INSERT, so a read finds the job in exactly one of the two.
+_GET = f"SELECT {_JOB_COLUMNS} FROM job_all WHERE id = $1 AND {_IN_SCOPE}"
+
+_GET_MANY = f"SELECT {_JOB_COLUMNS} FROM job_all WHERE id = ANY($1::uuid[])"
 
 # A waiter flags a live job, and gets its view as this update left it: a settle that commits
 # before the update makes it match nothing (the job is read again), one after it sees the flag
@@ -717,20 +784,33 @@ _ACK_CTES = """
 entries AS (
     SELECT * FROM unnest({ids}::uuid[], {handles}::uuid[], {results}::text[])
         AS e(id, receipt_handle, result)
-), acked AS (
-    UPDATE job SET status = 'COMPLETED',
-                   result = CAST(entries.result AS jsonb),
-                   locked_by = NULL,
-                   finished_at = statement_timestamp(),
-                   updated_at = statement_timestamp()
-    FROM entries
+), finished AS (
+    -- The job leaves the live table in the statement that completes it (settle-and-move).
+    DELETE FROM job USING entries
     -- `id = ANY(ids)` lets the plan fetch the rows by primary key, however many jobs run.
     WHERE job.id = ANY({ids}::uuid[]) AND job.id = entries.id
       AND job.lease_id = entries.receipt_handle AND job.status = 'PROCESSING'
-    RETURNING job.id, job.queue, job.task_type, job.attempts,
-              EXTRACT(EPOCH FROM statement_timestamp() - job.created_at)::float8 AS end_to_end,
-              job.trace_context::text AS trace_json
+    RETURNING job.*, entries.result AS new_result
+), acked AS (
+    {archive}
+    RETURNING id, queue, task_type, attempts,
+              EXTRACT(EPOCH FROM finished_at - created_at)::float8 AS end_to_end,
+              trace_context::text AS trace_json
 )"""
+
+_ACK_CTES = _ACK_CTES.replace(
+    "{archive}",
+    archive(
+        "finished",
+        status="'COMPLETED'",
+        result="CAST(job.new_result AS jsonb)",
+        locked_by="NULL::text",
+        finished_at=_NOW,
+        updated_at=_NOW,
+    )
+    .replace("{", "{{")
+    .replace("}", "}}"),
+)
 
 _CLAIM = f"WITH {_CLAIM_WALK_CTES} {_CLAIM_WALK_ROWS}"
 
@@ -760,7 +840,7 @@ FROM acked
 _ACK_AND_CLAIM = _ack_and_claim(_CLAIM_WALK_CTES, _CLAIM_WALK_ROWS)
 _ACK_AND_CLAIM_FAIR = _ack_and_claim(_fair_claim_ctes("$8"), _CLAIM_FAIR_ROWS, "RECURSIVE ")
 
-_LEASES = "SELECT id, lease_id, status FROM job WHERE id = ANY($1::uuid[])"
+_LEASES = "SELECT id, lease_id, status FROM job_all WHERE id = ANY($1::uuid[])"
 
 _CONTROL_COLUMNS = "queue, paused_at, limits, weights, changed_at, changed_by, change"
 
@@ -866,6 +946,12 @@ _FAIL_CEILING = BACKOFF_CEILING_SQL.format(
 # Workers' failure reports. A cancel requested meanwhile wins over a retry; `retry_after` (the
 # processor's own wish) wins over the backoff. Rows are locked in id order, so two batches
 # touching the same jobs wait for each other instead of deadlocking.
+_FAIL_ERRORS = _append_error(
+    "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(), 'error', {error})"
+)
+
+# A failure that ends the job (dead letter, or a cancel confirmed) moves it to the history in
+# this statement; a retry stays live as SCHEDULED. The two CTEs change disjoint rows.
 _FAIL = f"""
 WITH entries AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[],
@@ -882,27 +968,43 @@ WITH entries AS (
     WHERE job.id = ANY($1::uuid[]) AND job.status = 'PROCESSING'
     ORDER BY job.id
     FOR UPDATE OF job
-)
-UPDATE job SET
-    status = decided.next_status,
-    visible_at = CASE WHEN decided.next_status = 'SCHEDULED'
-                 THEN statement_timestamp() + make_interval(secs => COALESCE(
-                     decided.retry_after,
-                     decided.jitter * {_FAIL_CEILING}))
-                 ELSE job.visible_at END,
-    finished_at = CASE WHEN decided.next_status <> 'SCHEDULED' THEN statement_timestamp() END,
-    last_error = decided.error,
-    errors = {
-    _append_error(
-        "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(),"
-        " 'error', decided.error)"
+), finished AS (
+    DELETE FROM job USING decided
+    WHERE job.id = ANY($1::uuid[]) AND job.id = decided.id
+      AND decided.next_status <> 'SCHEDULED'
+    RETURNING job.*, decided.next_status, decided.error AS new_error
+), archived AS (
+    {
+    archive(
+        "finished",
+        status="job.next_status",
+        finished_at=_NOW,
+        last_error="job.new_error",
+        errors=_FAIL_ERRORS.format(error="job.new_error"),
+        locked_by="NULL::text",
+        updated_at=_NOW,
     )
-},
-    locked_by = NULL,
-    updated_at = statement_timestamp()
-FROM decided WHERE job.id = decided.id
-RETURNING job.id, job.queue, job.task_type, job.status, job.attempts, job.last_error,
-          job.trace_context::text AS trace_json
+}
+    RETURNING id, queue, task_type, status, attempts, last_error,
+              trace_context::text AS trace_json
+), retried AS (
+    UPDATE job SET
+        status = decided.next_status,
+        visible_at = statement_timestamp() + make_interval(secs => COALESCE(
+                         decided.retry_after,
+                         decided.jitter * {_FAIL_CEILING})),
+        finished_at = NULL,
+        last_error = decided.error,
+        errors = {_FAIL_ERRORS.format(error="decided.error")},
+        locked_by = NULL,
+        updated_at = statement_timestamp()
+    FROM decided
+    WHERE job.id = ANY($1::uuid[]) AND job.id = decided.id
+      AND decided.next_status = 'SCHEDULED'
+    RETURNING job.id, job.queue, job.task_type, job.status, job.attempts, job.last_error,
+              job.trace_context::text AS trace_json
+)
+SELECT * FROM archived UNION ALL SELECT * FROM retried
 """
 
 _EXPIRY_OUTCOME = """(CASE WHEN job.cancel_requested THEN 'CANCELLED'
@@ -910,6 +1012,17 @@ _EXPIRY_OUTCOME = """(CASE WHEN job.cancel_requested THEN 'CANCELLED'
           ELSE 'PENDING' END)"""
 """What an expired lease leads to, from the row as it is now (used twice in one UPDATE)."""
 
+_REAP_ERRORS = _append_error(
+    "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(),"
+    " 'error', 'lease expired')"
+)
+
+_REAP_MESSAGE = "'lease expired: no ack, fail or heartbeat within the visibility timeout'"
+
+# An expired lease whose job is out of attempts (or was asked to stop) ends it: moved to the
+# history in this statement. Otherwise the job is ready again at once (the expiry consumed
+# the attempt), behind the work already waiting. Each outcome is computed from the row as it
+# is now, locked by `expired`, so the two CTEs change disjoint rows.
 _REAP = f"""
 WITH expired AS (
     SELECT id FROM job
@@ -919,30 +1032,47 @@ WITH expired AS (
     -- A row being acked right now is locked: skip it rather than wait. A row locked and
     -- released after this snapshot is re-checked by the outer WHERE as it is now.
     FOR UPDATE SKIP LOCKED
+), finished AS (
+    DELETE FROM job
+    WHERE job.id = ANY(ARRAY(SELECT id FROM expired))
+      AND job.status = 'PROCESSING' AND job.visible_at < statement_timestamp()
+      AND {_EXPIRY_OUTCOME} <> 'PENDING'
+    RETURNING job.*, {_EXPIRY_OUTCOME} AS outcome
+), archived AS (
+    {
+    archive(
+        "finished",
+        status="job.outcome",
+        finished_at=_NOW,
+        visible_at=_NOW,
+        ready_at=_NOW,
+        last_error=_REAP_MESSAGE,
+        errors=_REAP_ERRORS,
+        lease_id="NULL::uuid",
+        locked_by="NULL::text",
+        updated_at=_NOW,
+    )
+}
+    RETURNING id, queue, task_type, status
 ), reaped AS (
     UPDATE job SET
-        status = {_EXPIRY_OUTCOME},
-        finished_at = CASE WHEN {_EXPIRY_OUTCOME} <> 'PENDING' THEN statement_timestamp() END,
-        -- Expired jobs are ready at once (the expiry consumed the attempt), behind the work
-        -- already waiting.
+        status = 'PENDING',
+        finished_at = NULL,
         visible_at = statement_timestamp(),
         ready_at = statement_timestamp(),
-        last_error = 'lease expired: no ack, fail or heartbeat within the visibility timeout',
-        errors = {
-    _append_error(
-        "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(),"
-        " 'error', 'lease expired')"
-    )
-},
+        last_error = {_REAP_MESSAGE},
+        errors = {_REAP_ERRORS},
         -- The lost lease's receipt handle must no longer settle the job.
         lease_id = NULL,
         locked_by = NULL,
         updated_at = statement_timestamp()
     WHERE job.id = ANY(ARRAY(SELECT id FROM expired))
       AND job.status = 'PROCESSING' AND job.visible_at < statement_timestamp()
+      AND {_EXPIRY_OUTCOME} = 'PENDING'
     RETURNING job.id, job.queue, job.task_type, job.status
 ), woken AS ({_notify_ready("reaped")})
-SELECT reaped.*, (SELECT count(*) FROM woken) AS notified FROM reaped
+SELECT settled.*, (SELECT count(*) FROM woken) AS notified
+FROM (SELECT * FROM archived UNION ALL SELECT * FROM reaped) AS settled
 """
 
 # SQS ChangeMessageVisibility: the new timeout counts from this call, the whole lease is capped
@@ -950,6 +1080,23 @@ SELECT reaped.*, (SELECT count(*) FROM woken) AS notified FROM reaped
 # releases the job is dead-lettered, so a job released on every shutdown cannot loop forever).
 # The 12 h cap is only computed for claims older than the new lease's length, so a claim time
 # near the end of the timestamp range cannot overflow.
+_RELEASE_ERRORS = _append_error(
+    "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(),"
+    " 'error', 'released: ' || {reason})"
+)
+
+
+def _progress(fraction: str, message: str) -> str:
+    # The processor's latest progress report rides the heartbeat (no fraction: none).
+    return (
+        f"CASE WHEN {fraction} IS NULL THEN job.progress"
+        f" ELSE jsonb_build_object('fraction', {fraction}, 'message', {message},"
+        " 'attempt', job.attempts, 'at', statement_timestamp()) END"
+    )
+
+
+# A release that ends the job (cancel requested, released too often) moves it to the history
+# in this statement; every other entry stays live. The two CTEs change disjoint rows.
 _HEARTBEAT = f"""
 WITH entries AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::text[], $5::float8[],
@@ -968,6 +1115,31 @@ WITH entries AS (
     WHERE job.id = ANY($1::uuid[]) AND job.status = 'PROCESSING'
     ORDER BY job.id
     FOR UPDATE OF job
+), finished AS (
+    DELETE FROM job USING decided
+    WHERE job.id = ANY($1::uuid[]) AND job.id = decided.id
+      AND decided.next_status IN ('CANCELLED', 'DEAD_LETTER')
+    RETURNING job.*, decided.next_status, decided.reason AS release_reason,
+              decided.fraction AS new_fraction, decided.message AS new_message
+), archived AS (
+    {
+    archive(
+        "finished",
+        status="job.next_status",
+        releases=f"LEAST(job.releases, {INT_MAX} - 1) + 1",
+        visible_at=_NOW,
+        lease_id="NULL::uuid",
+        locked_by="NULL::text",
+        finished_at=_NOW,
+        last_error="CASE WHEN job.next_status = 'DEAD_LETTER'"
+        " THEN 'released too often: more than 3 x maxAttempts releases'"
+        " ELSE job.last_error END",
+        progress=_progress("job.new_fraction", "job.new_message"),
+        errors=_RELEASE_ERRORS.format(reason="job.release_reason"),
+        updated_at=_NOW,
+    )
+}
+    RETURNING id, queue, task_type, status, visible_at, cancel_requested, true AS released
 ), extended AS (
     UPDATE job SET
         status = decided.next_status,
@@ -982,47 +1154,60 @@ WITH entries AS (
                         ELSE job.ready_at END,
         lease_id = CASE WHEN decided.visibility_timeout > 0 THEN job.lease_id END,
         locked_by = CASE WHEN decided.visibility_timeout > 0 THEN job.locked_by END,
-        finished_at = CASE WHEN decided.next_status IN ('CANCELLED', 'DEAD_LETTER')
-                           THEN statement_timestamp() END,
-        last_error = CASE WHEN decided.next_status = 'DEAD_LETTER'
-                          THEN 'released too often: more than 3 x maxAttempts releases'
-                          ELSE job.last_error END,
-        -- The processor's latest progress report rides the heartbeat (no fraction: none).
-        progress = CASE WHEN decided.fraction IS NULL THEN job.progress
-                        ELSE jsonb_build_object('fraction', decided.fraction,
-                                                'message', decided.message,
-                                                'attempt', job.attempts,
-                                                'at', statement_timestamp()) END,
+        finished_at = NULL,
+        progress = {_progress("decided.fraction", "decided.message")},
         -- A release says why in the job's history (not in last_error: it is no failure).
-        errors = CASE WHEN decided.visibility_timeout = 0 THEN {
-    _append_error(
-        "jsonb_build_object('attempt', job.attempts, 'at', statement_timestamp(),"
-        " 'error', 'released: ' || decided.reason)"
-    )
-} ELSE job.errors END,
+        errors = CASE WHEN decided.visibility_timeout = 0
+                      THEN {_RELEASE_ERRORS.format(reason="decided.reason")}
+                      ELSE job.errors END,
         updated_at = statement_timestamp()
-    FROM decided WHERE job.id = decided.id
+    FROM decided
+    WHERE job.id = ANY($1::uuid[]) AND job.id = decided.id
+      AND decided.next_status IN ('PROCESSING', 'PENDING')
     RETURNING job.id, job.queue, job.task_type, job.status, job.visible_at, job.cancel_requested,
               decided.visibility_timeout = 0 AS released
 ), woken AS ({_notify_ready("extended")})
-SELECT extended.*, (SELECT count(*) FROM woken) AS notified FROM extended
+SELECT settled.*, (SELECT count(*) FROM woken) AS notified
+FROM (SELECT * FROM archived UNION ALL SELECT * FROM extended) AS settled
 """
 
+# Waiting jobs end now (moved to the history in this statement); a running one is asked to
+# stop, and its worker confirms.
 _CANCEL = f"""
-UPDATE job SET
-    -- Waiting jobs end now; a running one is asked to stop (its worker confirms).
-    status = CASE WHEN status = 'PROCESSING' THEN status ELSE 'CANCELLED' END,
-    cancel_requested = (status = 'PROCESSING'),
-    finished_at = CASE WHEN status = 'PROCESSING' THEN NULL ELSE statement_timestamp() END,
-    updated_at = statement_timestamp()
-WHERE id = $1 AND status IN ('PENDING', 'SCHEDULED', 'PROCESSING') AND {_IN_SCOPE}
-RETURNING {_JOB_COLUMNS}
+WITH finished AS (
+    DELETE FROM job
+    WHERE id = $1 AND status IN ('PENDING', 'SCHEDULED') AND {_IN_SCOPE}
+    RETURNING job.*
+), archived AS (
+    {
+    archive(
+        "finished",
+        status="'CANCELLED'",
+        cancel_requested="false",
+        finished_at=_NOW,
+        updated_at=_NOW,
+    )
+}
+    RETURNING {_JOB_COLUMNS}
+), asked AS (
+    UPDATE job SET cancel_requested = true, finished_at = NULL,
+                   updated_at = statement_timestamp()
+    WHERE id = $1 AND status = 'PROCESSING' AND {_IN_SCOPE}
+    RETURNING {_JOB_COLUMNS}
+)
+SELECT * FROM archived UNION ALL SELECT * FROM asked
 """
 
-_CONFIRM_CANCELLED = """
-UPDATE job SET status = 'CANCELLED', locked_by = NULL,
-               finished_at = statement_timestamp(), updated_at = statement_timestamp()
-WHERE id = $1 AND lease_id = $2 AND status = 'PROCESSING'
+_CONFIRM_CANCELLED = f"""
+WITH finished AS (
+    DELETE FROM job WHERE id = $1 AND lease_id = $2 AND status = 'PROCESSING'
+    RETURNING job.*
+)
+{
+    archive(
+        "finished", status="'CANCELLED'", locked_by="NULL::text", finished_at=_NOW, updated_at=_NOW
+    )
+}
 RETURNING id, queue, task_type, status, attempts
 """
 
@@ -1035,18 +1220,31 @@ _RESET_FOR_RETRY = """
 """
 
 # Only a finished, unsuccessful job may run again: a live job must never get a second copy.
+# The job moves from the history back to the live table in this statement (`legacy`: a
+# finished row a release before the history left in `job` and the sweep did not move yet).
 _RETRY = f"""
-WITH retried AS (
+WITH revived AS (
+    DELETE FROM job_history
+    WHERE id = $1 AND status IN ('DEAD_LETTER', 'CANCELLED') AND {_IN_SCOPE}
+    RETURNING job_history.*
+), retried AS (
+    {revive("revived")}
+    RETURNING {_JOB_COLUMNS}
+), legacy AS (
     UPDATE job SET {_RESET_FOR_RETRY}
     WHERE id = $1 AND status IN ('DEAD_LETTER', 'CANCELLED') AND {_IN_SCOPE}
     RETURNING {_JOB_COLUMNS}
-), woken AS ({_notify_ready("retried")})
-SELECT retried.*, (SELECT count(*) FROM woken) AS notified FROM retried
+), both_ AS (
+    SELECT * FROM retried UNION ALL SELECT * FROM legacy
+), woken AS ({_notify_ready("both_")})
+SELECT both_.*, (SELECT count(*) FROM woken) AS notified FROM both_
 """
 
+# Dead letters picked in the history's id order (the primary key of each partition of
+# job_history_dead, merged), moved back to the live table.
 _REDRIVE = f"""
 WITH picked AS (
-    SELECT id FROM job
+    SELECT id FROM job_history
     WHERE status = 'DEAD_LETTER'
       AND ($1::text IS NULL OR queue = $1)
       AND ($2::text IS NULL OR task_type = $2)
@@ -1054,25 +1252,15 @@ WITH picked AS (
     ORDER BY id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
+), revived AS (
+    DELETE FROM job_history
+    WHERE id = ANY(ARRAY(SELECT id FROM picked)) AND status = 'DEAD_LETTER'
+    RETURNING job_history.*
 ), moved AS (
-    UPDATE job SET {_RESET_FOR_RETRY}
-    WHERE job.id = ANY(ARRAY(SELECT id FROM picked)) AND job.status = 'DEAD_LETTER'
-    RETURNING job.queue, job.status
+    {revive("revived")}
+    RETURNING queue, status
 ), woken AS ({_notify_ready("moved")})
 SELECT count(*) AS moved, (SELECT count(*) FROM woken) AS notified FROM moved
-"""
-
-_DELETE_FINISHED = """
-DELETE FROM job WHERE id = ANY(ARRAY(
-    SELECT id FROM job
-    -- Literal statuses inside ix_job_retention's predicate, so the planner can use the index
-    -- and walk it by finished_at (a parameter could not prove the predicate in a generic plan).
-    WHERE status IN ({statuses})
-      AND finished_at < statement_timestamp() - make_interval(secs => $1)
-    ORDER BY finished_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-))
 """
 
 # A job becomes ready at the moment it came due, so it queues behind work that was waiting
@@ -1098,14 +1286,67 @@ SELECT queue, count(*) AS promoted, (SELECT count(*) FROM woken) AS notified
 FROM promoted GROUP BY queue
 """
 
-_DEPTH = """
-SELECT queue, status, count(*) AS count,
-       COALESCE(EXTRACT(EPOCH FROM max(statement_timestamp() - visible_at)
-                                   FILTER (WHERE status = 'PENDING')), 0)::float8 AS oldest_age
-FROM job
-WHERE status IN ('PENDING', 'SCHEDULED', 'PROCESSING', 'DEAD_LETTER')
+
+def depth_statement(tenant: str | None = None) -> str:
+    """Counts per (queue, status) of live jobs (in `job`) and dead letters (in
+    `job_history_dead`, and any a release before the history left in `job`), with the age of
+    the oldest PENDING job; `tenant`: an SQL expression restricting them to one tenant."""
+    scope = f" AND tenant = {tenant}" if tenant else ""
+    return f"""
+SELECT queue, status, sum(count)::bigint AS count, max(oldest_age)::float8 AS oldest_age FROM (
+    SELECT queue, status, count(*) AS count,
+           COALESCE(EXTRACT(EPOCH FROM max(statement_timestamp() - visible_at)
+                                       FILTER (WHERE status = 'PENDING')), 0) AS oldest_age
+    FROM job
+    WHERE status IN ('PENDING', 'SCHEDULED', 'PROCESSING', 'DEAD_LETTER'){scope}
+    GROUP BY queue, status
+    UNION ALL
+    SELECT queue, status, count(*), 0 FROM job_history
+    WHERE status = 'DEAD_LETTER'{scope}
+    GROUP BY queue, status
+) AS counted
 GROUP BY queue, status
 """
+
+
+_DEPTH = depth_statement()
+
+# Finished rows a release before the history left in `job` (a rollout), moved $1 at a time,
+# oldest first, by ix_job_retention (statuses as literals inside its predicate, so a generic
+# plan can prove the index applies). services/queue/history.py runs it.
+# Expired idempotency keys, 500 per statement, oldest first; a key a submit is taking over at
+# this moment is locked and skipped, and the outer WHERE re-checks the expiry as it is now.
+# The literal LIMIT lets the plan join the 500 picked keys by primary key.
+FORGET_KEYS_STATEMENT = """
+WITH expired AS (
+    SELECT tenant, key FROM idempotency_key WHERE expires_at <= statement_timestamp()
+    ORDER BY expires_at LIMIT 500 FOR UPDATE SKIP LOCKED
+), forgotten AS (
+    DELETE FROM idempotency_key AS held USING expired
+    WHERE held.tenant = expired.tenant AND held.key = expired.key
+      AND held.expires_at <= statement_timestamp()
+    RETURNING 1
+)
+SELECT count(*) AS forgotten FROM forgotten
+"""
+
+SWEEP_STATEMENT = f"""
+WITH finished AS (
+    DELETE FROM job WHERE id = ANY(ARRAY(
+        SELECT id FROM job
+        WHERE status IN ('COMPLETED', 'CANCELLED', 'DEAD_LETTER')
+        ORDER BY finished_at
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED))
+      AND status IN ('COMPLETED', 'CANCELLED', 'DEAD_LETTER')
+    RETURNING job.*
+), archived AS (
+    {archive("finished", finished_at="COALESCE(job.finished_at, job.updated_at)")}
+    RETURNING 1
+)
+SELECT count(*) AS moved FROM archived
+"""
+
 
 _SCHEMA_REVISION = "SELECT version_num FROM alembic_version"
 
@@ -1182,14 +1423,16 @@ ACK_AND_CLAIM_FAIR_STATEMENT = _ACK_AND_CLAIM_FAIR
 tenant per queue."""
 
 # The other transitions, for the same tests (each statement's parameters are documented above
-# it; retention's is the statement for COMPLETED and CANCELLED jobs).
+# it).
 ACK_STATEMENT = _ACK
 FAIL_STATEMENT = _FAIL
 HEARTBEAT_STATEMENT = _HEARTBEAT
 REAP_STATEMENT = _REAP
 PROMOTE_STATEMENT = _PROMOTE
 REDRIVE_STATEMENT = _REDRIVE
-RETENTION_STATEMENT = _DELETE_FINISHED.format(statuses="'CANCELLED', 'COMPLETED'")
+CANCEL_STATEMENT = _CANCEL
+RETRY_STATEMENT = _RETRY
+GET_STATEMENT = _GET
 
 
 _CONTENTION = {"40P01", "40001"}
@@ -1890,20 +2133,6 @@ class JobRepository:
         row = await self._fetchrow(_REDRIVE, queue, task_type, batch, tenant)
         return int(row["moved"]) if row is not None else 0
 
-    async def delete_finished(
-        self, statuses: Sequence[JobStatus], older_than: float, batch: int
-    ) -> int:
-        """Delete up to `batch` jobs in `statuses` (finished ones) finished more than
-        `older_than` seconds ago, oldest first, in one short statement; returns how many were
-        deleted. Raises ValueError for a status that is not a finished one."""
-        if not statuses or not set(statuses) <= FINISHED_STATUSES:
-            raise ValueError(f"retention deletes finished jobs only, not {statuses}")
-        literals = ", ".join(f"'{status.value}'" for status in sorted(set(statuses)))
-        statement = statements.named("delete_finished", _DELETE_FINISHED.format(statuses=literals))
-        async with self._connection() as conn:
-            done: str = await conn.execute(statement, older_than, batch)
-        return int(done.rsplit(" ", 1)[-1])
-
     async def list_jobs(
         self,
         *,
@@ -1953,7 +2182,7 @@ class JobRepository:
 SELECT {columns}, total FROM (
     SELECT {columns}, count(*) OVER () AS total, row_number() OVER w AS n,
            sum(bytes) OVER w AS running
-    FROM (SELECT {columns}, {_listed_bytes(full)} AS bytes FROM job {where}
+    FROM (SELECT {columns}, {_listed_bytes(full)} AS bytes FROM job_all {where}
           ORDER BY id DESC LIMIT ${limit_at}) AS page
     WINDOW w AS (ORDER BY id DESC ROWS UNBOUNDED PRECEDING)
 ) AS sized

@@ -301,7 +301,12 @@ class QueueService:
                     continue
             job_id = request.job_id or new_job_id()
             rows[index] = job_row(
-                request, job_id, default_attempts, request.tenant, request.trace_context
+                request,
+                job_id,
+                default_attempts,
+                request.tenant,
+                request.trace_context,
+                default_idempotency_window=self._settings.queue_idempotency_window,
             )
         _refuse_late(deadline)
         if tracing.tracer is None:
@@ -1012,7 +1017,12 @@ class QueueService:
         Raises PayloadTooLarge/InvalidInput for a payload that cannot be stored.
         """
         check_payload(request.payload)
-        row = job_row(request, new_job_id(), self._settings.queue_max_attempts)
+        row = job_row(
+            request,
+            new_job_id(),
+            self._settings.queue_max_attempts,
+            default_idempotency_window=self._settings.queue_idempotency_window,
+        )
         firing = await self._repository.fire_schedule(name, cron, bucket, period, row)
         if firing.created is not None:
             created = firing.created

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from common.contracts import (
+    DEFAULT_IDEMPOTENCY_WINDOW,
     DEFAULT_MAX_ATTEMPTS,
+    IDEMPOTENCY_WINDOW_MAX,
     MAX_ATTEMPTS_MAX,
     MAX_ATTEMPTS_MIN,
     VISIBILITY_TIMEOUT_MAX,
@@ -68,6 +70,11 @@ class QueueSettings(HttpServiceSettings):
     queue_retention: Duration = 7 * 86400.0
     queue_dead_letter_retention: Duration = 14 * 86400.0
     queue_retention_interval: Duration = 60.0
+    queue_idempotency_window: Duration = DEFAULT_IDEMPOTENCY_WINDOW
+    """How long an idempotency key is held when the submit names no window (seconds)."""
+    queue_history_partition: Duration = 86400.0
+    """Width of a `job_history` partition (a slot of `finished_at`); retention drops whole
+    partitions, so a finished job is kept between its retention and retention + this."""
     queue_internal_token: Token | None = None
     queue_schedules: str = "[]"
     queue_schedule_interval: Duration = 1.0
@@ -109,6 +116,13 @@ class QueueSettings(HttpServiceSettings):
             ),
         }
 
+    @field_validator("queue_idempotency_window")
+    @classmethod
+    def _window(cls, value: float) -> float:
+        if not 1 <= value <= IDEMPOTENCY_WINDOW_MAX:
+            raise ValueError(f"an idempotency window is 1s..{IDEMPOTENCY_WINDOW_MAX // 86400}d")
+        return value
+
     @field_validator("database_url")
     @classmethod
     def _postgres_url(cls, value: str) -> str:
@@ -121,6 +135,7 @@ class QueueSettings(HttpServiceSettings):
         "queue_depth_interval",
         "queue_poll_interval",
         "queue_retention_interval",
+        "queue_history_partition",
         "queue_schedule_interval",
         "queue_listen_probe_interval",
         "queue_listen_probe_timeout",

@@ -15,7 +15,13 @@ import asyncpg
 from common.errors import QueueExists, QueueNotFound
 from common.sqs_registry import SqsQueue
 from services.queue import statements
-from services.queue.repository import _RESET_FOR_RETRY, JobRepository, _notify_ready
+from services.queue.repository import (
+    _RESET_FOR_RETRY,
+    RESET_VALUES,
+    JobRepository,
+    _moved_into,
+    _notify_ready,
+)
 
 _COLUMNS = "tenant, name, queue, attributes, created_at, updated_at"
 
@@ -51,8 +57,9 @@ _PURGE = f"DELETE FROM job WHERE queue = $1 AND status IN {_UNFINISHED}"
 _DELETE = "DELETE FROM sqs_queue WHERE tenant = $1 AND name = $2 RETURNING queue"
 
 # Like the dead-letter redrive (repository._REDRIVE), but into another queue, and also for
-# messages waiting in an SQS dead-letter queue (moved back to their source).
-_MOVE = f"""
+# messages waiting in an SQS dead-letter queue (moved back to their source): dead letters come
+# back from the history ($3 is 'DEAD_LETTER'), waiting messages stay in `job` ($3 'PENDING').
+_MOVE_LIVE = f"""
 WITH picked AS (
     SELECT id FROM job WHERE queue = $1 AND status = $3 ORDER BY id LIMIT $5
     FOR UPDATE SKIP LOCKED
@@ -60,6 +67,23 @@ WITH picked AS (
     UPDATE job SET queue = $2, max_attempts = $4, {_RESET_FOR_RETRY}
     WHERE job.id = ANY(ARRAY(SELECT id FROM picked)) AND job.status = $3
     RETURNING job.queue, job.status
+), woken AS ({_notify_ready("moved")})
+SELECT count(*) AS moved, (SELECT count(*) FROM woken) AS notified FROM moved
+"""
+
+_MOVED_DEAD = {**RESET_VALUES, "queue": "$2::text", "max_attempts": "$4::int"}
+
+_MOVE_DEAD = f"""
+WITH picked AS (
+    SELECT id FROM job_history WHERE queue = $1 AND status = $3 ORDER BY id LIMIT $5
+    FOR UPDATE SKIP LOCKED
+), revived AS (
+    DELETE FROM job_history
+    WHERE job_history.id = ANY(ARRAY(SELECT id FROM picked)) AND job_history.status = $3
+    RETURNING job_history.*
+), moved AS (
+    {_moved_into("job", "revived", _MOVED_DEAD)}
+    RETURNING queue, status
 ), woken AS ({_notify_ready("moved")})
 SELECT count(*) AS moved, (SELECT count(*) FROM woken) AS notified FROM moved
 """
@@ -154,7 +178,10 @@ class SqsStore:
         while moved < limit:
             batch = min(500, limit - moved)
             async with self._repository.connection() as conn:
-                row = await conn.fetchrow(_MOVE, source, destination, status, max_attempts, batch)
+                statement = _MOVE_DEAD if status == "DEAD_LETTER" else _MOVE_LIVE
+                row = await conn.fetchrow(
+                    statement, source, destination, status, max_attempts, batch
+                )
             count = int(row["moved"]) if row is not None else 0
             moved += count
             if count < batch:

@@ -164,7 +164,7 @@ def psql(sql: str) -> str:
 
 
 def job_counts() -> dict[str, int]:
-    rows = psql("SELECT status, count(*) FROM job GROUP BY status")
+    rows = psql("SELECT status, count(*) FROM job_all GROUP BY status")
     return {s: int(n) for s, n in (line.split("|") for line in rows.splitlines() if line)}
 
 
@@ -413,7 +413,9 @@ def step_down() -> None:
         raise Failed(f"stopped by SIGKILL (over their grace): {killed}")
     for bad in ("Traceback", "never retrieved"):
         if bad in queue_log:
-            raise Failed(f"queue service log at shutdown has {bad!r}:\n{queue_log[-3000:]}")
+            at = queue_log.index(bad)
+            line = queue_log.rfind("\n", 0, at) + 1
+            raise Failed(f"queue service log at shutdown has {bad!r}:\n{queue_log[line:][:3000]}")
     left = project_leftovers()
     if any(left.values()):
         raise Failed(f"left behind: {left}")

@@ -36,7 +36,7 @@ async def test_rolled_back_enqueue_never_exists(stack: LocalStack) -> None:
             async with connection.transaction():
                 reply = await enqueue(connection, "noop", {"order": 1})
                 raise Rollback
-        row = await connection.fetchrow("SELECT id FROM job WHERE id = $1", reply.job_id)
+        row = await connection.fetchrow("SELECT id FROM job_all WHERE id = $1", reply.job_id)
     finally:
         await connection.close()
     assert row is None
@@ -70,7 +70,7 @@ async def test_enqueue_validates_and_honours_idempotency(stack: LocalStack) -> N
         assert other.job_id != first.job_id
         replay = await enqueue(connection, "noop", {"a": 2}, idempotency_key=key, tenant="acme")
         assert replay.job_id == other.job_id
-        owner = await connection.fetchval("SELECT tenant FROM job WHERE id = $1", other.job_id)
+        owner = await connection.fetchval("SELECT tenant FROM job_all WHERE id = $1", other.job_id)
         assert owner == "acme"
         with pytest.raises(InvalidInput):
             await enqueue(connection, "noop", {}, tenant="Not A Tenant")

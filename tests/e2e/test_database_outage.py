@@ -96,19 +96,21 @@ async def test_a_postgres_restart_under_load_is_503s_and_loses_no_report(
             try:
                 deadline = time.monotonic() + 90
                 while (
-                    await connection.fetchval("SELECT count(*) FROM job WHERE status='COMPLETED'")
+                    await connection.fetchval(
+                        "SELECT count(*) FROM job_all WHERE status='COMPLETED'"
+                    )
                     < 600
                 ):
                     if time.monotonic() > deadline:
                         counts = await connection.fetch(
-                            "SELECT status, count(*) FROM job GROUP BY status"
+                            "SELECT status, count(*) FROM job_all GROUP BY status"
                         )
                         raise AssertionError(
                             f"not every job completed: {[tuple(r) for r in counts]}\n"
                             + stack.log_tail()
                         )
                     await asyncio.sleep(0.5)
-                assert await connection.fetchval("SELECT count(*) FROM job") == 600
+                assert await connection.fetchval("SELECT count(*) FROM job_all") == 600
             finally:
                 await connection.close()
             producer = _statuses((await client.get("/metrics")).text, "producer")

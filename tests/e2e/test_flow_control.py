@@ -40,7 +40,7 @@ async def busy_stack(
 
 
 async def counts(connection: asyncpg.Connection) -> dict[str, int]:
-    rows = await connection.fetch("SELECT status, count(*) AS n FROM job GROUP BY status")
+    rows = await connection.fetch("SELECT status, count(*) AS n FROM job_all GROUP BY status")
     return {row["status"]: row["n"] for row in rows}
 
 
@@ -71,7 +71,7 @@ async def test_pause_with_busy_workers_stops_claims_and_resume_restarts_them(
 ) -> None:
     connection = await asyncpg.connect(busy_stack.database_url)
     try:
-        await connection.execute("TRUNCATE job, queue_control, rate_bucket")
+        await connection.execute("TRUNCATE job, job_history, queue_control, rate_bucket")
         async with httpx.AsyncClient(base_url=busy_stack.producer, timeout=10) as producer:
             batch = [{"taskType": "sleep", "payload": {"ms": SLEEP_MS}} for _ in range(JOBS // 2)]
             for _ in range(2):
@@ -96,7 +96,7 @@ async def test_pause_with_busy_workers_stops_claims_and_resume_restarts_them(
             assert set(after) <= {"PENDING", "COMPLETED"}, after
             assert after.get("PENDING", 0) > 0 and after.get("COMPLETED", 0) > 0
             late = await connection.fetchval(
-                "SELECT count(*) FROM job WHERE claimed_at > $1", returned
+                "SELECT count(*) FROM job_all WHERE claimed_at > $1", returned
             )
             assert late == 0, "a job was claimed after the pause returned"
 
@@ -109,7 +109,7 @@ async def test_pause_with_busy_workers_stops_claims_and_resume_restarts_them(
                 connection, lambda c: c.get("PENDING", 0) < after["PENDING"], 5, "claims again"
             )
             first = await connection.fetchval(
-                "SELECT min(claimed_at) FROM job WHERE claimed_at > $1", resumed_at
+                "SELECT min(claimed_at) FROM job_all WHERE claimed_at > $1", resumed_at
             )
             # Woken by the resume's NOTIFY: within the resume's own round trip plus
             # QUEUE_POLL_INTERVAL (250 ms), far from the workers' 2 s long-poll timeout.

@@ -55,7 +55,9 @@ async def _k6(script: str, env: dict[str, str], tmp_path: Path) -> tuple[int, di
 async def _jobs_in(database_url: str, queue: str) -> int:
     connection = await asyncpg.connect(database_url)
     try:
-        count: int = await connection.fetchval("SELECT count(*) FROM job WHERE queue = $1", queue)
+        count: int = await connection.fetchval(
+            "SELECT count(*) FROM job_all WHERE queue = $1", queue
+        )
         return count
     finally:
         await connection.close()

@@ -157,7 +157,7 @@ async def test_a_backlog_asks_for_the_replicas_the_formula_predicts(
         connection = await asyncpg.connect(database_url)
         try:
             rows = await connection.fetch(
-                "SELECT status, count(*) FROM job WHERE queue = 'default'"
+                "SELECT status, count(*) FROM job_all WHERE queue = 'default'"
                 " AND status IN ('PENDING', 'PROCESSING') GROUP BY status"
             )
         finally:

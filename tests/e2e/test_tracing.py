@@ -273,5 +273,9 @@ async def test_one_webhook_job_traced_from_the_client_to_the_receiver(
         if any(a.get("jobq.outcome") == "SCHEDULED" for _, _, a in span.links)
     )
     lines = [json.loads(line) for line in (tmp_path / "queue.log").read_text().splitlines()]
-    [logged] = [line for line in lines if line.get("event") == "job_retry"]
+    [logged] = [
+        line
+        for line in lines
+        if line.get("event") == "job_retry" and line.get("job_id") == str(job.job_id)
+    ]
     assert (logged["trace_id"], logged["span_id"]) == (retry_settle.trace_id, retry_settle.span_id)

@@ -24,7 +24,7 @@ JSON = {"content-type": "application/json"}
 
 async def job_count(engine: AsyncEngine) -> int:
     async with engine.connect() as conn:
-        return int((await conn.execute(text("SELECT count(*) FROM job"))).scalar_one())
+        return int((await conn.execute(text("SELECT count(*) FROM job_all"))).scalar_one())
 
 
 # --- item 1: listings -------------------------------------------------------------------------
@@ -185,7 +185,7 @@ async def test_a_result_that_grows_past_its_bound_when_stored_is_a_stub(
     assert acked.json()["result"]["truncated"] is True
     assert acked.json()["result"]["bytes"] > 11_000_000
     async with engine.connect() as conn:
-        stored = (await conn.execute(text("SELECT octet_length(result::text) FROM job"))).one()
+        stored = (await conn.execute(text("SELECT octet_length(result::text) FROM job_all"))).one()
     assert stored[0] <= RESULT_MAX_BYTES
 
 

@@ -14,6 +14,7 @@ from services.queue.repository import (
     ACK_AND_CLAIM_FAIR_STATEMENT,
     ACK_AND_CLAIM_STATEMENT,
     ACK_STATEMENT,
+    CANCEL_STATEMENT,
     CLAIM_FAIR_STATEMENT,
     CLAIM_LIMITED_STATEMENT,
     CLAIM_STATEMENT,
@@ -23,7 +24,8 @@ from services.queue.repository import (
     PROMOTE_STATEMENT,
     REAP_STATEMENT,
     REDRIVE_STATEMENT,
-    RETENTION_STATEMENT,
+    RETRY_STATEMENT,
+    SWEEP_STATEMENT,
     JobRepository,
 )
 from tests.helpers import new_job
@@ -227,7 +229,9 @@ async def test_the_limited_claim_walks_the_pairs_own_index(clean_database: str) 
         ("scheduler", PROMOTE_STATEMENT, "500"),
         ("redrive", REDRIVE_STATEMENT, "NULL, NULL, 500, NULL"),
         ("redrive of one tenant", REDRIVE_STATEMENT, "NULL, NULL, 500, 'acme'"),
-        ("retention", RETENTION_STATEMENT, "60, 500"),
+        ("sweep", SWEEP_STATEMENT, "500"),
+        ("cancel", CANCEL_STATEMENT, "gen_random_uuid(), NULL"),
+        ("retry", RETRY_STATEMENT, "gen_random_uuid(), NULL"),
         ("limited claim", CLAIM_LIMITED_STATEMENT, "'default', 'noop', 16, 'w', 30"),
     ],
 )

@@ -333,7 +333,7 @@ async def _tenants(database_url: str, ids: list[Any]) -> list[str]:
     """The tenants of jobs `ids`, in the order of `ids`."""
     connection = await asyncpg.connect(database_url)
     try:
-        rows = await connection.fetch("SELECT id, tenant FROM job WHERE id = ANY($1)", ids)
+        rows = await connection.fetch("SELECT id, tenant FROM job_all WHERE id = ANY($1)", ids)
     finally:
         await connection.close()
     by_id = {row["id"]: row["tenant"] for row in rows}

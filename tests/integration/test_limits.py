@@ -63,7 +63,7 @@ class Sampler:
         try:
             while not stop.is_set():
                 rows = await connection.fetch(
-                    "SELECT tenant, count(*) AS n FROM job WHERE status = 'PROCESSING'"
+                    "SELECT tenant, count(*) AS n FROM job_all WHERE status = 'PROCESSING'"
                     " AND task_type = $1 GROUP BY tenant",
                     self._task_type,
                 )
@@ -137,7 +137,7 @@ async def drain(
         connection = await asyncpg.connect(database_url)
         try:
             value: int = await connection.fetchval(
-                "SELECT count(*) FROM job WHERE status = 'COMPLETED'"
+                "SELECT count(*) FROM job_all WHERE status = 'COMPLETED'"
             )
             return value
         finally:
@@ -193,7 +193,7 @@ async def claim_times(database_url: str) -> dict[str, list[float]]:
     connection = await asyncpg.connect(database_url)
     try:
         rows = await connection.fetch(
-            "SELECT tenant, EXTRACT(EPOCH FROM claimed_at)::float8 AS at FROM job"
+            "SELECT tenant, EXTRACT(EPOCH FROM claimed_at)::float8 AS at FROM job_all"
             " WHERE task_type = 'webhook' ORDER BY claimed_at"
         )
     finally:

@@ -45,7 +45,7 @@ async def test_a_stuck_connection_is_closed_and_the_insert_runs_once_on_another(
     assert sorted(i.id for i in inserted) == sorted(j.id for j in jobs)
     check = await asyncpg.connect(clean_database)
     try:
-        assert await check.fetchval("SELECT count(*) FROM job") == 5
+        assert await check.fetchval("SELECT count(*) FROM job_all") == 5
         live = await check.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", refused[0]
         )
