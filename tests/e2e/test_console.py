@@ -207,7 +207,10 @@ async def test_retry_a_dead_letter_and_see_it_complete(
     await expect(page.locator(".timeline")).to_contain_text("attempt 1")
     await screenshot(page, "job")
     _Hook.succeed = True
-    await page.get_by_role("button", name="Retry").click()
+    # The form posts, then the 303 brings the job page back: wait for that navigation to end
+    # before reloading, or the reload races it ("Not attached to an active page").
+    async with page.expect_navigation():
+        await page.get_by_role("button", name="Retry").click()
 
     async def completed() -> bool:
         await page.reload()
