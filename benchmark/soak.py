@@ -201,31 +201,44 @@ async def _sample(
                         if history
                         else now["job_deleted"] - previous["job_deleted"]
                     )
-                    samples.append(
-                        {
-                            "minute": round(now["t"] / 60, 3),
-                            "job_bytes": now["job_bytes"],
-                            "live_tuples": now["live"],
-                            "dead_tuples": now["dead"],
-                            "pending": now["pending"],
-                            "autovacuum_runs": now["autovacuums"],
-                            "history_bytes": now.get("history_bytes"),
-                            "history_partitions": now.get("history_partitions"),
-                            "completed_per_s": round(done / (now["t"] - previous["t"]), 1),
-                            "wal_bytes_per_job": round(wal / done) if done else None,
-                            "retention_rows_deleted": int(deleted),
-                            "claim_p50_ms": _ms(quantile(previous["claims"], now["claims"], 0.5)),
-                            "claim_p99_ms": _ms(quantile(previous["claims"], now["claims"], 0.99)),
-                            "e2e_p50_ms": _ms(quantile(previous["e2e"], now["e2e"], 0.5)),
-                            "e2e_p99_ms": _ms(quantile(previous["e2e"], now["e2e"], 0.99)),
-                        }
-                    )
+                    sample = {
+                        "minute": round(now["t"] / 60, 3),
+                        "job_bytes": now["job_bytes"],
+                        "live_tuples": now["live"],
+                        "dead_tuples": now["dead"],
+                        "pending": now["pending"],
+                        "autovacuum_runs": now["autovacuums"],
+                        "history_bytes": now.get("history_bytes"),
+                        "history_partitions": now.get("history_partitions"),
+                        "completed_per_s": round(done / (now["t"] - previous["t"]), 1),
+                        "wal_bytes_per_job": round(wal / done) if done else None,
+                        "retention_rows_deleted": int(deleted),
+                        "claim_p50_ms": _ms(quantile(previous["claims"], now["claims"], 0.5)),
+                        "claim_p99_ms": _ms(quantile(previous["claims"], now["claims"], 0.99)),
+                        "e2e_p50_ms": _ms(quantile(previous["e2e"], now["e2e"], 0.5)),
+                        "e2e_p99_ms": _ms(quantile(previous["e2e"], now["e2e"], 0.99)),
+                    }
+                    samples.append(sample)
+                    _show(sample, previous["t"], now["t"])
                 previous = now
                 if time.monotonic() >= until:
                     return samples
                 await asyncio.sleep(min(every, max(0.0, until - time.monotonic())))
     finally:
         await connection.close()
+
+
+def _show(sample: dict[str, Any], before: float, now: float) -> None:
+    """A progress line once a minute of the run: what the samples of that minute end with."""
+    if int(now // 60) == int(before // 60):
+        return
+    print(
+        f"  minute {sample['minute']:5.1f}: {sample['completed_per_s']:7.1f} jobs/s completed,"
+        f" hot table {sample['job_bytes'] / 2**20:7.1f} MiB ({sample['dead_tuples']} dead),"
+        f" claim p99 {sample['claim_p99_ms']} ms, e2e p99 {sample['e2e_p99_ms']} ms,"
+        f" WAL {sample['wal_bytes_per_job']} B/job",
+        flush=True,
+    )
 
 
 def _ms(seconds: float | None) -> float | None:
