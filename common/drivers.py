@@ -21,6 +21,8 @@ from common.enqueue import (
     ENQUEUE_NAMED,
     FIND_EXISTING_ASYNCPG,
     FIND_EXISTING_NAMED,
+    RELEASE_KEY_ASYNCPG,
+    RELEASE_KEY_NAMED,
     Executor,
     Existing,
     Inserted,
@@ -56,6 +58,13 @@ class AsyncpgExecutor:
         )
         return _existing(found)
 
+    async def release_key(self, row: JobRow) -> bool:
+        """Delete `row`'s idempotency key if its job is gone; whether it did."""
+        released = await self._connection.fetchval(
+            RELEASE_KEY_ASYNCPG, row.idempotency_key, row.tenant
+        )
+        return released is not None
+
 
 class SQLAlchemyExecutor:
     """The enqueue over a SQLAlchemy `AsyncConnection` (or `AsyncSession`), any async driver."""
@@ -78,6 +87,13 @@ class SQLAlchemyExecutor:
             {"id": row.id, "key": row.idempotency_key, "tenant": row.tenant},
         )
         return _existing(result.mappings().first())
+
+    async def release_key(self, row: JobRow) -> bool:
+        """Delete `row`'s idempotency key if its job is gone; whether it did."""
+        result = await self._connection.execute(
+            self._text(RELEASE_KEY_NAMED), {"key": row.idempotency_key, "tenant": row.tenant}
+        )
+        return result.first() is not None
 
 
 def _loaded(module: str, *names: str) -> tuple[type, ...]:

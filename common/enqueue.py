@@ -121,6 +121,25 @@ FIND_EXISTING_NAMED = _FIND_EXISTING.format(
 )
 
 
+# A key whose job is gone (deleted, or dropped by retention while its window lasted) ends
+# with its job: the key's row is deleted, so the submit that found it can take the key afresh.
+# `seen` pins the job the key held when this statement's snapshot was taken: were the key
+# taken over meanwhile (a concurrent submit after its window), the re-check of the locked row
+# finds another job_id and deletes nothing. A key's row and its job are written by one
+# statement, and a job moves between `job` and `job_history` in one statement, so within one
+# snapshot a visible key whose job is not in `job_all` means the job is gone.
+_RELEASE_KEY = """
+DELETE FROM idempotency_key AS held
+USING (SELECT job_id FROM idempotency_key WHERE tenant = {tenant} AND key = {key}) AS seen
+WHERE held.tenant = {tenant} AND held.key = {key} AND held.job_id = seen.job_id
+  AND NOT EXISTS (SELECT FROM job_all WHERE job_all.id = held.job_id)
+RETURNING held.job_id
+"""
+
+RELEASE_KEY_ASYNCPG = _RELEASE_KEY.format(key="$1::text", tenant="$2::text")
+RELEASE_KEY_NAMED = _RELEASE_KEY.format(key="CAST(:key AS text)", tenant="CAST(:tenant AS text)")
+
+
 @dataclass(frozen=True, slots=True)
 class JobRow:
     """One job as the enqueue statement takes it; `delay` in seconds; `tenant` owns it."""
@@ -219,6 +238,11 @@ class Executor(Protocol):
         id first), or None."""
         ...
 
+    async def release_key(self, row: JobRow) -> bool:
+        """Delete `row.tenant`'s idempotency key `row.idempotency_key` if the job holding it
+        no longer exists (deleted, or dropped by retention); whether it did."""
+        ...
+
 
 INSERT_ATTEMPTS = 3
 """Inserts tried per row while the job it collided with vanishes before it can be read."""
@@ -292,6 +316,10 @@ async def _insert_resolving(
                 continue
             existing = await executor.find_existing(row)
             if existing is None:
+                # The job the row collided with is gone: a key it held ends with it, so the
+                # next insert may take the key (or a concurrent twin's job is read then).
+                if row.idempotency_key is not None:
+                    await executor.release_key(row)
                 vanished[index] = row
             elif existing.request_hash != row.request_hash or existing.tenant != row.tenant:
                 outcomes[index] = conflict(row, existing.id)

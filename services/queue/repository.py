@@ -1901,6 +1901,11 @@ class JobRepository:
         id first), or None."""
         return await self._on_connection(lambda conn: AsyncpgExecutor(conn).find_existing(row))
 
+    async def release_key(self, row: JobRow) -> bool:
+        """Delete `row.tenant`'s idempotency key `row.idempotency_key` if the job holding it
+        is gone (deleted, or dropped by retention); whether it did."""
+        return await self._on_connection(lambda conn: AsyncpgExecutor(conn).release_key(row))
+
     async def get(
         self, job_id: uuid.UUID, tenant: str | None = None
     ) -> tuple[JobView, uuid.UUID | None] | None:

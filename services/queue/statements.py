@@ -26,7 +26,7 @@ from typing import Any
 import asyncpg
 from opentelemetry.trace import SpanKind
 
-from common.enqueue import ENQUEUE_ASYNCPG, FIND_EXISTING_ASYNCPG
+from common.enqueue import ENQUEUE_ASYNCPG, FIND_EXISTING_ASYNCPG, RELEASE_KEY_ASYNCPG
 from common.web import tracing
 
 _NAMES: dict[str, str] = {}
@@ -59,6 +59,7 @@ def register(namespace: Mapping[str, Any], prefix: str = "") -> None:
 
 named("enqueue", ENQUEUE_ASYNCPG)
 named("find_existing", FIND_EXISTING_ASYNCPG)
+named("release_key", RELEASE_KEY_ASYNCPG)
 
 
 def name_of(statement: str) -> str:

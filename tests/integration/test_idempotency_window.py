@@ -1,5 +1,6 @@
 """Idempotency keys in their own table: each held for its window (idempotencyWindowSeconds,
-else QUEUE_IDEMPOTENCY_WINDOW), whatever becomes of its job, and removed when it expires."""
+else QUEUE_IDEMPOTENCY_WINDOW) wherever its job lives, ended early when its job is deleted or
+dropped by retention, and removed when it expires."""
 
 from __future__ import annotations
 
@@ -103,3 +104,36 @@ async def test_expired_keys_are_removed_in_batches(
         assert await connection.fetchval("SELECT count(*) FROM idempotency_key") == 1
     finally:
         await connection.close()
+
+
+async def _drop_from_history(url: str, job_id: str) -> None:
+    """What retention's dropped partition does to one job: gone, its key left behind."""
+    connection = await asyncpg.connect(url)
+    try:
+        assert await connection.execute("DELETE FROM job_history WHERE id = $1", job_id) == (
+            "DELETE 1"
+        )
+    finally:
+        await connection.close()
+
+
+async def test_a_key_ends_with_its_job_when_deleted_or_dropped_in_its_window(
+    client: httpx.AsyncClient, clean_database: str
+) -> None:
+    first = await _submit(client, idempotencyKey="k")
+    await _finish(client)
+    deleted = await client.delete(f"/jobs/{first.json()['jobId']}")
+    assert deleted.status_code == 204, deleted.text
+    # The window (an hour) lasts, but its job is gone: a new job, not a 503 for the window.
+    again = await _submit(client, idempotencyKey="k")
+    assert again.status_code == 202, again.text
+    assert again.json()["jobId"] != first.json()["jobId"]
+    replay = await _submit(client, idempotencyKey="k")
+    assert replay.status_code == 200 and replay.json()["jobId"] == again.json()["jobId"]
+
+    await _finish(client)
+    await _drop_from_history(clean_database, again.json()["jobId"])
+    third = await _submit(client, idempotencyKey="k", payload={"other": 1})
+    assert third.status_code == 202, third.text
+    assert third.json()["jobId"] not in {first.json()["jobId"], again.json()["jobId"]}
+    assert 3590 < await _expires(clean_database, "k") <= 3600

@@ -49,6 +49,10 @@ class FakeExecutor:
             return None
         return Existing(found.id, JobStatus.PENDING, found.request_hash, found.tenant)
 
+    async def release_key(self, row: JobRow) -> bool:
+        self.statements += 1
+        return False
+
 
 def keyed(key: str, n: int = 1, tenant: str = "default") -> JobRow:
     row = new_job(payload={"n": n})
