@@ -36,3 +36,22 @@ def test_the_summary_compares_the_end_with_minute_five() -> None:
     assert summary["job_bytes_ratio"] == 1.24
     assert summary["claim_p99_ratio"] == 1.5
     assert summary["retention_rows_deleted"] == 0
+
+
+def test_the_minute_figures_are_medians_of_the_samples_around_each_point() -> None:
+    # Six samples a minute; one outlier at minute 5 moves the one-sample figure, not the minute's.
+    samples = [
+        {
+            "minute": round(t / 6, 3),
+            "job_bytes": 1000,
+            "claim_p99_ms": 50.0 if t == 30 else (2.0 if t < 150 else 4.0),
+            "wal_bytes_per_job": 900,
+            "retention_rows_deleted": 0,
+            "completed_per_s": 1000.0,
+        }
+        for t in range(1, 181)
+    ]
+    summary = summarise(samples, 30)
+    assert summary["claim_p99_ms_early"] == 50.0 and summary["claim_p99_ms_early_minute"] == 2.0
+    assert summary["claim_p99_ms_end_minute"] == 4.0
+    assert summary["claim_p99_minute_ratio"] == 2.0
