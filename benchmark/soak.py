@@ -12,7 +12,11 @@ same way on the same machine, as `make bench-compare` does) it:
   `--minutes`, bounded, loopback only;
 - sets retention (`QUEUE_RETENTION`, `QUEUE_DEAD_LETTER_RETENTION`) to `--retention`, the
   retention loop's interval to 10 s and (where the side has it) the history's partition
-  width to `--partition`, so several partitions are made and dropped during a run;
+  width to `--partition`, so several partitions are made and dropped during a run (the
+  fresh database's empty daily partitions, which a changed width would not replace, are
+  dropped before the services start);
+- runs with autovacuum on: a server that has it off (a CI server's `autovacuum = off`) gets
+  `ALTER SYSTEM SET autovacuum = on` for the run and `ALTER SYSTEM RESET autovacuum` after;
 - holds a REPEATABLE READ transaction with a snapshot of `job` for `--snapshot-seconds` from
   the middle of the run;
 - every `--sample-seconds` samples: the hot table's bytes (`pg_total_relation_size('job')`),
@@ -34,10 +38,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -245,11 +251,60 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 2)
 
 
+async def _narrow_partitions(url: str) -> int:
+    """Drop the history's slot partitions a fresh database's migration made (empty, of the
+    default width of a day, covering now and the days ahead): a changed width only takes
+    effect for slots no partition covers yet, so the run would otherwise keep daily partitions
+    and retention would drop none. The service's loop then makes slots of the run's width at
+    its first pass (settles before it land in the DEFAULT partition, moved into the slot when
+    it is made). How many were dropped; 0 on a schema without the history."""
+    connection = await asyncpg.connect(url)
+    try:
+        names = await connection.fetch(
+            "SELECT child.relname FROM pg_inherits"
+            " JOIN pg_class AS child ON child.oid = pg_inherits.inhrelid"
+            " JOIN pg_class AS parent ON parent.oid = pg_inherits.inhparent"
+            " WHERE parent.relname IN ('job_history_done', 'job_history_dead')"
+            " AND child.relname !~ '_default$'"
+        )
+        for (name,) in names:
+            await connection.execute(f'DROP TABLE "{name}"')
+        return len(names)
+    finally:
+        await connection.close()
+
+
+@contextlib.asynccontextmanager
+async def autovacuum_on(base: str) -> AsyncIterator[None]:
+    """Autovacuum on for the run: what the soak measures is what vacuum keeps of the hot
+    table, and a server may have it off (a CI server's `autovacuum = off`). When it is off,
+    `ALTER SYSTEM SET autovacuum = on` and a reload for the run, and `ALTER SYSTEM RESET
+    autovacuum` and a reload after it (both printed)."""
+    connection = await asyncpg.connect(base, database="postgres")
+    was_off = False
+    try:
+        was_off = await connection.fetchval("SHOW autovacuum") == "off"
+        if was_off:
+            print("soak: autovacuum is off on this server; on for the run (ALTER SYSTEM)")
+            await connection.execute("ALTER SYSTEM SET autovacuum = on")
+            await connection.execute("SELECT pg_reload_conf()")
+        yield
+    finally:
+        if was_off:
+            await connection.execute("ALTER SYSTEM RESET autovacuum")
+            await connection.execute("SELECT pg_reload_conf()")
+            print("soak: autovacuum back to the server's setting (ALTER SYSTEM RESET)")
+        await connection.close()
+
+
 async def run_side(args: argparse.Namespace, side: str, root: Path) -> dict[str, Any]:
     """One side's soak: its services from `root`; returns its samples, events and summary."""
     base = ensure_postgres()
     redis_url = ensure_redis().rstrip("/") + "/15"
     url = await migrated_database(base, f"jobq_soak_{side}", root)
+    dropped = await _narrow_partitions(url)
+    if dropped:
+        print(f"soak {side}: dropped the migration's {dropped} empty daily partitions")
     logs = ROOT / ".jobq" / "soak" / side
     logs.mkdir(parents=True, exist_ok=True)
     retention = str(args.retention)
@@ -372,6 +427,11 @@ def plot(document: dict[str, Any], path: Path) -> None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every side in turn; the document written."""
+    async with autovacuum_on(ensure_postgres()):
+        return await _run_sides(args)
+
+
+async def _run_sides(args: argparse.Namespace) -> dict[str, Any]:
     sides = []
     if args.before:
         sides.append(await run_side(args, "before", checkout(args.before)))
