@@ -57,9 +57,12 @@ async def sqlalchemy_session(url: str, engine: AsyncEngine) -> AsyncIterator[Any
         yield session
 
 
-@pytest.mark.parametrize(
+EVERY_CONNECTION_KIND = pytest.mark.parametrize(
     "connect", [plain_asyncpg, pooled_asyncpg, sqlalchemy_connection, sqlalchemy_session]
 )
+
+
+@EVERY_CONNECTION_KIND
 async def test_enqueue_replays_and_conflicts_on_every_connection_kind(
     connect: Connect, clean_database: str, engine: AsyncEngine
 ) -> None:
@@ -72,9 +75,7 @@ async def test_enqueue_replays_and_conflicts_on_every_connection_kind(
             await enqueue(connection, "noop", {"a": 2}, idempotency_key=key)
 
 
-@pytest.mark.parametrize(
-    "connect", [plain_asyncpg, pooled_asyncpg, sqlalchemy_connection, sqlalchemy_session]
-)
+@EVERY_CONNECTION_KIND
 async def test_a_key_whose_job_is_gone_is_taken_again_on_every_connection_kind(
     connect: Connect, clean_database: str, engine: AsyncEngine
 ) -> None:
