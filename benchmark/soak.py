@@ -70,7 +70,8 @@ SELECT pg_total_relation_size('job') AS job_bytes,
        s.n_live_tup AS live, s.n_dead_tup AS dead, s.autovacuum_count AS autovacuums,
        s.n_tup_del AS job_deleted,
        (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint AS wal,
-       (SELECT count(*) FROM job WHERE status = 'PENDING') AS pending
+       (SELECT count(*) FROM job WHERE status = 'PENDING') AS pending,
+       (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter) AS checkpoints
 FROM pg_stat_user_tables AS s WHERE s.relid = 'job'::regclass
 """
 
@@ -172,6 +173,53 @@ async def _hold_snapshot(url: str, at: float, seconds: float, log: list[dict[str
         await connection.close()
 
 
+_WAITING = """
+SELECT waiting.backend_type, waiting.wait_event_type || ':' || waiting.wait_event AS wait,
+       left(regexp_replace(waiting.query, '\\s+', ' ', 'g'), 100) AS query,
+       ARRAY(SELECT blocker.backend_type || ' ' || COALESCE(blocker.wait_event_type || ':'
+                    || blocker.wait_event, 'running') || ' '
+                    || left(regexp_replace(COALESCE(blocker.query, ''), '\\s+', ' ', 'g'), 100)
+             FROM pg_stat_activity AS blocker
+             WHERE blocker.pid = ANY(pg_blocking_pids(waiting.pid))) AS blockers
+FROM pg_stat_activity AS waiting
+WHERE waiting.datname = current_database() AND waiting.state = 'active'
+  AND waiting.wait_event_type IN ('Lock', 'LWLock', 'IO', 'IPC', 'BufferPin')
+  AND waiting.pid <> pg_backend_pid()
+"""
+
+STALL_BACKENDS = 6
+"""Backends of the run's database waiting at once (on a lock, I/O or another process) from
+which a watch reading is kept as a stall."""
+
+
+async def _watch(url: str, started: float, until: float, stalls: list[dict[str, Any]]) -> None:
+    """Every 0.25 s until the monotonic time `until`, the backends waiting on a lock, I/O or
+    another process; a reading with `STALL_BACKENDS` or more is appended to `stalls` (minute,
+    what they wait on, the statements that block them and what those wait on), at most 5,000:
+    a stall's cause in the run's own record (a DROP queued for its tree's lock, a checkpoint's
+    sync, vacuum truncating the table)."""
+    connection = await asyncpg.connect(url)
+    try:
+        while time.monotonic() < until and len(stalls) < 5000:
+            rows = await connection.fetch(_WAITING)
+            if len(rows) >= STALL_BACKENDS:
+                waits: dict[str, int] = {}
+                for row in rows:
+                    waits[row["wait"]] = waits.get(row["wait"], 0) + 1
+                stalls.append(
+                    {
+                        "minute": round((time.monotonic() - started) / 60, 3),
+                        "waiting": len(rows),
+                        "waits": waits,
+                        "blockers": sorted({b for row in rows for b in row["blockers"]}),
+                        "statements": sorted({row["query"] for row in rows})[:5],
+                    }
+                )
+            await asyncio.sleep(0.25)
+    finally:
+        await connection.close()
+
+
 async def _sample(
     url: str, queue_url: str, started: float, until: float, every: float
 ) -> list[dict[str, Any]]:
@@ -223,6 +271,8 @@ async def _sample(
                         "claim_p99_ms": _ms(quantile(previous["claims"], now["claims"], 0.99)),
                         "e2e_p50_ms": _ms(quantile(previous["e2e"], now["e2e"], 0.5)),
                         "e2e_p99_ms": _ms(quantile(previous["e2e"], now["e2e"], 0.99)),
+                        "claim_buckets": {str(le): n for le, n in now["claims"].items()},
+                        "checkpoints": now["checkpoints"],
                     }
                     samples.append(sample)
                     _show(sample, previous["t"], now["t"])
@@ -245,6 +295,18 @@ def _show(sample: dict[str, Any], before: float, now: float) -> None:
         f" WAL {sample['wal_bytes_per_job']} B/job",
         flush=True,
     )
+
+
+def _show_stalls(side: str, stalls: list[dict[str, Any]]) -> None:
+    """The stall readings' causes: what the waiting backends waited on, and the blockers, with
+    how many readings each was in."""
+    seen: dict[str, int] = {}
+    for stall in stalls:
+        for cause in [*stall["waits"], *stall["blockers"]]:
+            seen[cause] = seen.get(cause, 0) + 1
+    print(f"soak {side}: {len(stalls)} readings of {STALL_BACKENDS}+ backends waiting", flush=True)
+    for cause, count in sorted(seen.items(), key=lambda item: -item[1])[:12]:
+        print(f"  {count:5d}  {cause}", flush=True)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -326,16 +388,20 @@ async def run_side(args: argparse.Namespace, side: str, root: Path) -> dict[str,
         started = time.monotonic()
         until = started + args.minutes * 60
         print(f"soak {side}: {args.rate} jobs/s for {args.minutes} min ({root})", flush=True)
-        _, samples, _ = await asyncio.gather(
+        stalls: list[dict[str, Any]] = []
+        _, samples, _, _ = await asyncio.gather(
             _arrive(url, args.rate, until, counts),
             _sample(url, stack.queue, started, until, args.sample_seconds),
             _hold_snapshot(url, started + args.minutes * 60 / 2, args.snapshot_seconds, events),
+            _watch(url, started, until, stalls),
         )
     finally:
         stack.stop()
     result = {"side": side, "services_from": str(root), "arrival": counts, "events": events}
     result["samples"] = samples
-    result["summary"] = summarise(samples, args.minutes)
+    result["stalls"] = stalls
+    result["summary"] = summarise(samples, args.minutes) | {"stall_readings": len(stalls)}
+    _show_stalls(side, stalls)
     print(f"soak {side}: {json.dumps(result['summary'])}", flush=True)
     return result
 
@@ -348,25 +414,34 @@ def _at(samples: list[dict[str, Any]], minute: float, key: str) -> float | None:
     return float(min(have, key=lambda s: abs(s["minute"] - minute))[key])
 
 
-def _around(samples: list[dict[str, Any]], start: float, end: float, key: str) -> float | None:
-    """The median of `key` over the samples from minute `start` to `end`: one 10 s sample's
-    p99 is a few hundred claims, so a minute's worth says more than the one sample."""
-    have = sorted(s[key] for s in samples if start <= s["minute"] <= end and s.get(key) is not None)
-    return float(have[len(have) // 2]) if have else None
+def _over(samples: list[dict[str, Any]], start: float, end: float, q: float) -> float | None:
+    """The `q` quantile (ms) of every claim from minute `start` to `end`: the claim
+    histogram's cumulative buckets (`claim_buckets`) at the last sample at or before `start`
+    and at the last at or before `end`, so a minute's p99 is that of its ~4,000 claims, not
+    of one 10 s sample's few hundred; None without two such samples."""
+    have = [s for s in samples if s.get("claim_buckets")]
+    first = [s for s in have if s["minute"] <= start]
+    last = [s for s in have if s["minute"] <= end]
+    if not first or not last or last[-1] is first[-1]:
+        return None
+    start_reading, end_reading = (
+        {float(le): n for le, n in s["claim_buckets"].items()} for s in (first[-1], last[-1])
+    )
+    return _ms(quantile(start_reading, end_reading, q))
 
 
 def summarise(samples: list[dict[str, Any]], minutes: float) -> dict[str, Any]:
     """The issue's targets: hot-table bytes and claim p99 at the end over minute 5 (or the
-    first fifth of a shorter run), the claim p99 also as the median of the samples of the
-    minute around each (`claim_p99_ms_*_minute`), WAL bytes per job (median), retention rows
-    deleted."""
+    first fifth of a shorter run), the claim p99 also over every claim of the minute around
+    each (`claim_p99_ms_*_minute`, from the histogram's buckets), WAL bytes per job (median),
+    retention rows deleted, and the moments backends stood waiting (`stalls`)."""
     early = min(5.0, minutes / 5)
     end = samples[-1]["minute"] if samples else minutes
     walls = sorted(s["wal_bytes_per_job"] for s in samples if s["wal_bytes_per_job"])
     size_early, size_end = _at(samples, early, "job_bytes"), _at(samples, end, "job_bytes")
     p99_early, p99_end = _at(samples, early, "claim_p99_ms"), _at(samples, end, "claim_p99_ms")
-    minute_early = _around(samples, early - 0.5, early + 0.5, "claim_p99_ms")
-    minute_end = _around(samples, end - 1, end, "claim_p99_ms")
+    minute_early = _over(samples, early - 0.5, early + 0.5, 0.99)
+    minute_end = _over(samples, end - 1, end, 0.99)
     return {
         "early_minute": early,
         "job_bytes_early": size_early,
