@@ -38,20 +38,47 @@ def test_the_summary_compares_the_end_with_minute_five() -> None:
     assert summary["retention_rows_deleted"] == 0
 
 
-def test_the_minute_figures_are_medians_of_the_samples_around_each_point() -> None:
-    # Six samples a minute; one outlier at minute 5 moves the one-sample figure, not the minute's.
-    samples = [
-        {
-            "minute": round(t / 6, 3),
-            "job_bytes": 1000,
-            "claim_p99_ms": 50.0 if t == 30 else (2.0 if t < 150 else 4.0),
-            "wal_bytes_per_job": 900,
-            "retention_rows_deleted": 0,
-            "completed_per_s": 1000.0,
-        }
-        for t in range(1, 181)
-    ]
+def test_the_minute_figures_come_from_every_claim_of_the_minute() -> None:
+    # Six samples a minute, 100 claims each: up to 5 ms before minute 25, up to 10 ms after;
+    # one sample at minute 5 has 50 of its claims between 25 and 50 ms. The one-sample figure
+    # there is that sample's; the minute's p99 is over its 600 claims (50 slow: above p99).
+    bounds = (0.005, 0.01, 0.025, 0.05, math.inf)
+    totals = dict.fromkeys(bounds, 0.0)
+    samples = []
+    for t in range(1, 181):
+        slow = 50 if t == 30 else 0
+        fast = 100 - slow
+        limit = 0.005 if t <= 150 else 0.01
+        for bound in bounds:
+            totals[bound] += (fast if bound >= limit else 0) + (slow if bound >= 0.05 else 0)
+        samples.append(
+            {
+                "minute": round(t / 6, 3),
+                "job_bytes": 1000,
+                "claim_p99_ms": 49.5 if t == 30 else (5.0 if t <= 150 else 10.0),
+                "claim_buckets": {str(bound): count for bound, count in totals.items()},
+                "wal_bytes_per_job": 900,
+                "retention_rows_deleted": 0,
+                "completed_per_s": 1000.0,
+            }
+        )
     summary = summarise(samples, 30)
-    assert summary["claim_p99_ms_early"] == 50.0 and summary["claim_p99_ms_early_minute"] == 2.0
-    assert summary["claim_p99_ms_end_minute"] == 4.0
-    assert summary["claim_p99_minute_ratio"] == 2.0
+    assert summary["claim_p99_ms_early"] == 49.5
+    # Minute 4.5-5.5: 600 claims, 50 of them slow: the p99 (rank 594) is in the 25-50 ms bucket.
+    assert summary["claim_p99_ms_early_minute"] is not None
+    assert 25.0 < summary["claim_p99_ms_early_minute"] <= 50.0
+    # Minute 29-30: every claim 5-10 ms.
+    assert summary["claim_p99_ms_end_minute"] is not None
+    assert 5.0 < summary["claim_p99_ms_end_minute"] <= 10.0
+    assert summary["claim_p99_minute_ratio"] < 0.4
+
+
+def test_the_minute_figures_need_the_buckets() -> None:
+    samples = [
+        {"minute": m, "job_bytes": 1, "claim_p99_ms": 1.0, "wal_bytes_per_job": 1,
+         "retention_rows_deleted": 0, "completed_per_s": 1.0}
+        for m in range(1, 31)
+    ]  # fmt: skip
+    summary = summarise(samples, 30)
+    assert summary["claim_p99_ms_early_minute"] is None
+    assert summary["claim_p99_minute_ratio"] is None
