@@ -30,7 +30,7 @@ from common.web.app import (
 )
 from common.web.http_metrics import HttpMetrics
 from common.web.pools import PoolMetrics
-from services.queue.background import Reaper, Scheduler, every, refresh_depth
+from services.queue.background import HotVacuum, Reaper, Scheduler, every, refresh_depth
 from services.queue.depth import DepthCache
 from services.queue.history import History
 from services.queue.metrics import QueueMetrics
@@ -238,6 +238,13 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
                         )
                     )
                 )
+                if settings.queue_vacuum_dead_rows:
+                    vacuum = HotVacuum(repository, metrics, settings.queue_vacuum_dead_rows)
+                    loops.append(
+                        tasks.create_task(
+                            every("vacuum", settings.queue_vacuum_interval, vacuum.tick, shutdown)
+                        )
+                    )
                 loops.append(
                     tasks.create_task(
                         every(

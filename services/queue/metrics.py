@@ -137,6 +137,13 @@ class QueueMetrics:
         self.lease_expired = Counter(
             "jobq_lease_expired", "Leases the reaper found expired.", ["queue"], registry=registry
         )
+        self.hot_vacuum = Histogram(
+            "jobq_hot_vacuum_duration_seconds",
+            "Vacuums of the live table `job` this replica ran because it held "
+            "QUEUE_VACUUM_DEAD_ROWS dead rows or more (one observation per pass).",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.claim_duration = Histogram(
             "jobq_claim_duration_seconds",
             "Time of one claim statement (pool checkout, statement, commit); a long poll "

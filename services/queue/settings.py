@@ -70,6 +70,11 @@ class QueueSettings(HttpServiceSettings):
     queue_retention: Duration = 7 * 86400.0
     queue_dead_letter_retention: Duration = 14 * 86400.0
     queue_retention_interval: Duration = 60.0
+    queue_vacuum_interval: Duration = 5.0
+    """How often a replica counts the live table's dead rows (services/queue/background.py,
+    HotVacuum)."""
+    queue_vacuum_dead_rows: int = Field(default=10_000, ge=0, le=1_000_000_000)
+    """Dead rows in `job` from which a replica vacuums it; 0 leaves it to autovacuum."""
     queue_idempotency_window: Duration = DEFAULT_IDEMPOTENCY_WINDOW
     """How long an idempotency key is held when the submit names no window (seconds)."""
     queue_history_partition: Duration = 86400.0
@@ -135,6 +140,7 @@ class QueueSettings(HttpServiceSettings):
         "queue_depth_interval",
         "queue_poll_interval",
         "queue_retention_interval",
+        "queue_vacuum_interval",
         "queue_history_partition",
         "queue_schedule_interval",
         "queue_listen_probe_interval",

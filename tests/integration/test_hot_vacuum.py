@@ -1,0 +1,97 @@
+"""The live table's own vacuum (services/queue/background.py, HotVacuum) against real
+PostgreSQL: it runs once `job` holds its threshold of dead rows, not before, and it removes
+them, index entries included."""
+
+from __future__ import annotations
+
+import asyncpg
+from prometheus_client import CollectorRegistry
+
+from common.enqueue import ENQUEUE_ASYNCPG, encode_rows
+from services.queue.background import HotVacuum
+from services.queue.metrics import QueueMetrics
+from services.queue.repository import JobRepository
+from tests.helpers import new_job
+
+_STATS = """
+SELECT n_dead_tup AS dead, vacuum_count AS vacuums,
+       pg_relation_size('ix_job_claim') AS claim_index_bytes
+FROM pg_stat_user_tables WHERE relid = 'job'::regclass
+"""
+
+
+async def _churn(url: str, jobs: int) -> dict[str, int]:
+    """`jobs` jobs submitted, then deleted (each leaves a dead row and dead index entries);
+    the session's statistics flushed so the next reader sees them. The table's counts after."""
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.fetch(ENQUEUE_ASYNCPG, encode_rows([new_job() for _ in range(jobs)]))
+        await connection.execute("DELETE FROM job")
+        await connection.execute("SELECT pg_stat_force_next_flush()")
+    finally:
+        await connection.close()
+    return await _stats(url)
+
+
+async def _stats(url: str) -> dict[str, int]:
+    connection = await asyncpg.connect(url)
+    try:
+        return dict(await connection.fetchrow(_STATS))
+    finally:
+        await connection.close()
+
+
+async def test_vacuums_the_live_table_from_its_threshold_of_dead_rows(
+    repository: JobRepository, clean_database: str
+) -> None:
+    metrics = QueueMetrics(CollectorRegistry())
+    before = await _churn(clean_database, 600)
+    assert before["dead"] >= 600, before
+
+    assert not await HotVacuum(repository, metrics, dead_rows=before["dead"] + 1).tick()
+    assert (await _stats(clean_database))["vacuums"] == before["vacuums"]
+
+    assert await HotVacuum(repository, metrics, dead_rows=before["dead"]).tick()
+    after = await _stats(clean_database)
+    assert after["vacuums"] == before["vacuums"] + 1
+    assert after["dead"] == 0, after
+    assert metrics.registry.get_sample_value("jobq_hot_vacuum_duration_seconds_count") == 1
+
+
+async def _claim_walk_buffers(url: str) -> int:
+    """Buffers the executor read for the claim's first job by an index walk of ix_job_claim
+    (planning's reads left out)."""
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute("SET enable_seqscan = off; SET enable_bitmapscan = off")
+        plan = [
+            row[0]
+            for row in await connection.fetch(
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF)"
+                " SELECT id FROM job WHERE status = 'PENDING' AND queue = 'default'"
+                " ORDER BY priority DESC, ready_at, id LIMIT 1"
+            )
+        ]
+    finally:
+        await connection.close()
+    planning = [i for i, line in enumerate(plan) if line.strip() == "Planning:"]
+    executed = plan[: planning[0]] if planning else plan
+    assert any("ix_job_claim" in line for line in executed), plan
+    return max(int(line.split("hit=")[1].split()[0]) for line in executed if "hit=" in line)
+
+
+async def test_a_vacuum_leaves_the_claim_walk_no_dead_entry_to_read(
+    repository: JobRepository, clean_database: str
+) -> None:
+    await _churn(clean_database, 2000)
+    connection = await asyncpg.connect(clean_database)
+    try:
+        await connection.fetch(ENQUEUE_ASYNCPG, encode_rows([new_job()]))
+    finally:
+        await connection.close()
+    # The one PENDING job lies behind the 2,000 dead entries the churn left at the head of
+    # the claim index: the walk reads their pages and heap tuples first.
+    assert await _claim_walk_buffers(clean_database) > 50
+    await HotVacuum(repository, QueueMetrics(CollectorRegistry()), dead_rows=1).tick()
+    # After the vacuum: one descent of a small index and the job's heap page.
+    assert await _claim_walk_buffers(clean_database) <= 10
