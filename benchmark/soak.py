@@ -20,9 +20,10 @@ same way on the same machine, as `make bench-compare` does) it:
 - holds a REPEATABLE READ transaction with a snapshot of `job` for `--snapshot-seconds` from
   the middle of the run;
 - every `--sample-seconds` samples: the hot table's bytes (`pg_total_relation_size('job')`),
-  live and dead tuples, autovacuum runs, the history's bytes (all partitions), WAL bytes
-  (`pg_current_wal_lsn()`) per completed job, claim-statement p50/p99 and submit→complete
-  p50/p99 (from the queue service's histograms, over the interval), and retention's cost as
+  live and dead tuples, autovacuum runs and other vacuums (the queue service's own), the
+  history's bytes (all partitions), WAL bytes (`pg_current_wal_lsn()`) per completed job,
+  claim-statement p50/p99 and submit→complete p50/p99 (from the queue service's histograms,
+  over the interval), and retention's cost as
   rows deleted one by one by retention (`n_tup_del` of `job` on a side without the history,
   of the history's partitions on a side with it: a dropped partition deletes no row) and
   history partitions existing, the server's checkpoints so far, and the claim histogram's
@@ -72,6 +73,7 @@ BATCHES_PER_SECOND = 10
 _TABLES = """
 SELECT pg_total_relation_size('job') AS job_bytes,
        s.n_live_tup AS live, s.n_dead_tup AS dead, s.autovacuum_count AS autovacuums,
+       s.vacuum_count AS vacuums,
        s.n_tup_del AS job_deleted,
        (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint AS wal,
        (SELECT count(*) FROM job WHERE status = 'PENDING') AS pending,
@@ -266,6 +268,7 @@ async def _sample(
                         "dead_tuples": now["dead"],
                         "pending": now["pending"],
                         "autovacuum_runs": now["autovacuums"],
+                        "vacuum_runs": now["vacuums"],
                         "history_bytes": now.get("history_bytes"),
                         "history_partitions": now.get("history_partitions"),
                         "completed_per_s": round(done / (now["t"] - previous["t"]), 1),
@@ -467,13 +470,20 @@ def summarise(samples: list[dict[str, Any]], minutes: float) -> dict[str, Any]:
     }
 
 
+# A panel's second series, dashed beside its first.
+_COMPANIONS = {
+    "claim_p99_ms": "claim_p50_ms",
+    "e2e_p99_ms": "e2e_p50_ms",
+    "autovacuum_runs": "vacuum_runs",
+}
+
 _PANELS = (
     ("job_bytes", "hot table bytes"),
     ("dead_tuples", "hot table dead tuples"),
     ("claim_p99_ms", "claim p99 (ms; p50 dashed)"),
     ("e2e_p99_ms", "submit→complete p99 (ms; p50 dashed)"),
     ("wal_bytes_per_job", "WAL bytes per job"),
-    ("autovacuum_runs", "autovacuum runs of job"),
+    ("autovacuum_runs", "vacuums of job (autovacuum; the queue service's dashed)"),
     ("retention_rows_deleted", "rows retention deleted per sample"),
     ("history_bytes", "history bytes (all partitions)"),
 )
@@ -487,11 +497,10 @@ def plot(document: dict[str, Any], path: Path) -> None:
             minutes = [s["minute"] for s in side["samples"]]
             values = [s.get(key) for s in side["samples"]]
             (line,) = axis.plot(minutes, values, label=side["side"])
-            half = key.replace("p99", "p50")
-            if half != key:
+            if key in _COMPANIONS:
                 axis.plot(
-                    minutes, [s.get(half) for s in side["samples"]], linestyle="--",
-                    color=line.get_color(),
+                    minutes, [s.get(_COMPANIONS[key]) for s in side["samples"]],
+                    linestyle="--", color=line.get_color(),
                 )  # fmt: skip
         middle = document["settings"]["minutes"] / 2
         axis.axvspan(middle, middle + document["settings"]["snapshot_seconds"] / 60, alpha=0.1)
