@@ -544,16 +544,22 @@ def _postgres(board: dashboard.Dashboard) -> None:
     )
     board.with_panel(
         graph(
-            "Autovacuum runs on job",
+            "Vacuums of job",
             "short",
             [
                 Query(
                     f'sum(increase(pg_stat_user_tables_autovacuum_count{{{DB}, relname="job"}}'
                     f"{RATE}))",
-                    "runs",
-                )
+                    "autovacuum",
+                ),
+                Query(
+                    f'sum(increase(pg_stat_user_tables_vacuum_count{{{DB}, relname="job"}}'
+                    f"{RATE}))",
+                    "queue service (QUEUE_VACUUM_DEAD_ROWS)",
+                ),
             ],
-            "How often autovacuum processed the job table.",
+            "How often autovacuum processed the job table, and how often the queue service"
+            " vacuumed it itself once it held QUEUE_VACUUM_DEAD_ROWS dead rows.",
             width=12,
         )
     )

@@ -139,8 +139,9 @@ class QueueMetrics:
         )
         self.hot_vacuum = Histogram(
             "jobq_hot_vacuum_duration_seconds",
-            "Vacuums of the live table `job` this replica ran because it held "
-            "QUEUE_VACUUM_DEAD_ROWS dead rows or more (one observation per pass).",
+            "Vacuums of the live table `job` this replica started because it held "
+            "QUEUE_VACUUM_DEAD_ROWS dead rows or more, one observation each (one that found "
+            "another vacuum at work on the table skipped it at once).",
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
