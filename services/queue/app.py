@@ -239,7 +239,12 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
                     )
                 )
                 if settings.queue_vacuum_dead_rows:
-                    vacuum = HotVacuum(repository, metrics, settings.queue_vacuum_dead_rows)
+                    vacuum = HotVacuum(
+                        repository,
+                        metrics,
+                        settings.queue_vacuum_dead_rows,
+                        settings.queue_vacuum_interval,
+                    )
                     loops.append(
                         tasks.create_task(
                             every("vacuum", settings.queue_vacuum_interval, vacuum.tick, shutdown)

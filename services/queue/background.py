@@ -60,9 +60,15 @@ SELECT COALESCE((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'job':
 """
 
 
+MAX_VACUUM_BACKOFF = 60.0
+"""The longest pause (seconds) of HotVacuum while its passes cannot remove the dead rows:
+autovacuum's default naptime."""
+
+
 class HotVacuum:
-    """Vacuums `job` whenever it holds `dead_rows` dead rows or more, checked at each tick of
-    its loop (`QUEUE_VACUUM_INTERVAL`, `QUEUE_VACUUM_DEAD_ROWS`; docs/architecture.md#storage).
+    """Vacuums `job` whenever it holds `dead_rows` dead rows or more, checked every
+    `interval` seconds (`QUEUE_VACUUM_DEAD_ROWS`, `QUEUE_VACUUM_INTERVAL`;
+    docs/architecture.md#storage).
 
     Every job leaves two dead rows in `job` (its claim's old version and the move's delete),
     and their index entries stay until a vacuum: a claim walks `ix_job_claim` from its head,
@@ -74,21 +80,34 @@ class HotVacuum:
     Vacuuming every few thousand dead rows keeps that bounded; a pass over the small live
     table costs milliseconds. `VACUUM (SKIP_LOCKED)` leaves the table to a vacuum already
     running (autovacuum's, another replica's) instead of waiting for it; the statement
-    timeout is off for it (a pass after a large backlog may take longer). As awa's notes on
-    a claimable table put it, expect rate x vacuum cycle dead rows there: this shortens the
-    cycle without touching the server's settings."""
+    timeout is off for it (a pass after a large backlog may take longer). A pass that leaves
+    `dead_rows` or more behind (an open transaction's snapshot still sees them, or another
+    vacuum held the table) doubles the pause before the next one, up to
+    `MAX_VACUUM_BACKOFF`, so a pinned horizon does not make every replica read the table
+    again every few seconds for nothing. As awa's notes on a claimable table put it, expect
+    rate x vacuum cycle dead rows there: this shortens the cycle without touching the
+    server's settings."""
 
-    def __init__(self, repository: JobRepository, metrics: QueueMetrics, dead_rows: int) -> None:
+    def __init__(
+        self, repository: JobRepository, metrics: QueueMetrics, dead_rows: int, interval: float
+    ) -> None:
         self._repository = repository
         self._metrics = metrics
         self._dead_rows = dead_rows
+        self._interval = interval
+        self._pause = 0.0
+        self._resume_at = 0.0
+
+    async def _dead(self) -> int:
+        [row] = await self._repository.fetch(_DEAD_ROWS)
+        return int(row["dead"])
 
     async def tick(self) -> bool:
-        """Vacuum `job` if it holds `dead_rows` dead rows or more; whether it did.
+        """Vacuum `job` if it holds `dead_rows` dead rows or more and no pause is running;
+        whether it did.
 
         Raises: ServiceUnavailable (common.errors) when the database cannot be reached."""
-        [row] = await self._repository.fetch(_DEAD_ROWS)
-        if row["dead"] < self._dead_rows:
+        if time.monotonic() < self._resume_at or await self._dead() < self._dead_rows:
             return False
         started = time.perf_counter()
         async with self._repository.connection() as connection:
@@ -98,6 +117,11 @@ class HotVacuum:
             finally:
                 await connection.execute("RESET statement_timeout")
         self._metrics.hot_vacuum.observe(time.perf_counter() - started)
+        if await self._dead() >= self._dead_rows:
+            self._pause = min(max(2 * self._pause, 2 * self._interval), MAX_VACUUM_BACKOFF)
+            self._resume_at = time.monotonic() + self._pause
+        else:
+            self._pause = 0.0
         return True
 
 

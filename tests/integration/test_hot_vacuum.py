@@ -1,8 +1,10 @@
 """The live table's own vacuum (services/queue/background.py, HotVacuum) against real
-PostgreSQL: it runs once `job` holds its threshold of dead rows, not before, and it removes
-them, index entries included."""
+PostgreSQL: it runs once `job` holds its threshold of dead rows, not before, it removes them,
+index entries included, and it pauses while a snapshot keeps them."""
 
 from __future__ import annotations
+
+import asyncio
 
 import asyncpg
 from prometheus_client import CollectorRegistry
@@ -48,10 +50,10 @@ async def test_vacuums_the_live_table_from_its_threshold_of_dead_rows(
     before = await _churn(clean_database, 600)
     assert before["dead"] >= 600, before
 
-    assert not await HotVacuum(repository, metrics, dead_rows=before["dead"] + 1).tick()
+    assert not await HotVacuum(repository, metrics, before["dead"] + 1, interval=5.0).tick()
     assert (await _stats(clean_database))["vacuums"] == before["vacuums"]
 
-    assert await HotVacuum(repository, metrics, dead_rows=before["dead"]).tick()
+    assert await HotVacuum(repository, metrics, before["dead"], interval=5.0).tick()
     after = await _stats(clean_database)
     assert after["vacuums"] == before["vacuums"] + 1
     assert after["dead"] == 0, after
@@ -92,6 +94,32 @@ async def test_a_vacuum_leaves_the_claim_walk_no_dead_entry_to_read(
     # The one PENDING job lies behind the 2,000 dead entries the churn left at the head of
     # the claim index: the walk reads their pages and heap tuples first.
     assert await _claim_walk_buffers(clean_database) > 50
-    await HotVacuum(repository, QueueMetrics(CollectorRegistry()), dead_rows=1).tick()
+    await HotVacuum(repository, QueueMetrics(CollectorRegistry()), 1, interval=5.0).tick()
     # After the vacuum: one descent of a small index and the job's heap page.
     assert await _claim_walk_buffers(clean_database) <= 10
+
+
+async def test_pauses_while_a_snapshot_keeps_the_dead_rows_and_resumes_after(
+    repository: JobRepository, clean_database: str
+) -> None:
+    holder = await asyncpg.connect(clean_database)
+    try:
+        # A report's REPEATABLE READ transaction: its snapshot predates the churn, so vacuum
+        # may remove none of the rows the churn leaves dead.
+        reader = holder.transaction(isolation="repeatable_read")
+        await reader.start()
+        await holder.fetchval("SELECT count(*) FROM job")
+        before = await _churn(clean_database, 600)
+        vacuum = HotVacuum(repository, QueueMetrics(CollectorRegistry()), 500, interval=1.0)
+        assert await vacuum.tick(), "the threshold is reached: a pass runs"
+        assert (await _stats(clean_database))["dead"] >= 500, "the snapshot kept them"
+        assert not await vacuum.tick(), "a futile pass pauses the next (2 x the interval)"
+        assert (await _stats(clean_database))["vacuums"] == before["vacuums"] + 1
+        await reader.commit()
+    finally:
+        await holder.close()
+    await asyncio.sleep(2.2)
+    assert await vacuum.tick(), "the pause is over"
+    after = await _stats(clean_database)
+    assert after["vacuums"] == before["vacuums"] + 2
+    assert after["dead"] == 0, after
