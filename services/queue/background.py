@@ -104,7 +104,7 @@ class HotVacuum:
 
     async def tick(self) -> bool:
         """Vacuum `job` if it holds `dead_rows` dead rows or more and no pause is running;
-        whether it did.
+        whether it ran VACUUM (which skips the table at once if another vacuum holds it).
 
         Raises: ServiceUnavailable (common.errors) when the database cannot be reached."""
         if time.monotonic() < self._resume_at or await self._dead() < self._dead_rows:
