@@ -553,8 +553,7 @@ def _postgres(board: dashboard.Dashboard) -> None:
                     "autovacuum",
                 ),
                 Query(
-                    f'sum(increase(pg_stat_user_tables_vacuum_count{{{DB}, relname="job"}}'
-                    f"{RATE}))",
+                    f'sum(increase(pg_stat_user_tables_vacuum_count{{{DB}, relname="job"}}{RATE}))',
                     "queue service (QUEUE_VACUUM_DEAD_ROWS)",
                 ),
             ],
