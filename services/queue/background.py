@@ -52,14 +52,6 @@ async def every(
             await asyncio.wait_for(shutdown.wait(), timeout=interval)
 
 
-# The hot table's dead rows, as the statistics collector last counted them (its counters lag
-# by up to a second); 0 when the table has no statistics yet.
-_DEAD_ROWS = """
-SELECT COALESCE((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'job'::regclass), 0)
-    AS dead
-"""
-
-
 MAX_VACUUM_BACKOFF = 60.0
 """The longest pause (seconds) of HotVacuum while its passes cannot remove the dead rows:
 autovacuum's default naptime."""
@@ -99,8 +91,9 @@ class HotVacuum:
         self._resume_at = 0.0
 
     async def _dead(self) -> int:
-        [row] = await self._repository.fetch(_DEAD_ROWS)
-        return int(row["dead"])
+        # The statistics collector's count (it lags by up to a second), from the same reading
+        # the depth refresh exports as jobq_db_dead_tuples.
+        return (await self._repository.health()).dead_tuples
 
     async def tick(self) -> bool:
         """Vacuum `job` if it holds `dead_rows` dead rows or more and no pause is running;
