@@ -16,8 +16,7 @@ from services.queue.repository import JobRepository
 from tests.helpers import new_job
 
 _STATS = """
-SELECT n_dead_tup AS dead, vacuum_count AS vacuums,
-       pg_relation_size('ix_job_claim') AS claim_index_bytes
+SELECT n_dead_tup AS dead, vacuum_count AS vacuums
 FROM pg_stat_user_tables WHERE relid = 'job'::regclass
 """
 
