@@ -56,6 +56,25 @@ MAX_VACUUM_BACKOFF = 60.0
 """The longest pause (seconds) of HotVacuum while its passes cannot remove the dead rows:
 autovacuum's default naptime."""
 
+REBUILD_GROWTH = 2.0
+"""How many times its size after the last clean pass `job`'s indexes must have grown while a
+pinned horizon kept HotVacuum's passes futile before the first clean pass after it rebuilds
+them (REINDEX TABLE CONCURRENTLY)."""
+
+REBUILD_LOCK_KEY = 0x6A6F6271_00000002
+"""The session advisory lock one replica holds while it rebuilds `job`'s indexes (the
+migrations hold 0x6A6F6271_00000001)."""
+
+_INDEX_BYTES = "SELECT pg_indexes_size('job'::regclass) AS bytes"
+
+# What an interrupted REINDEX CONCURRENTLY leaves behind: invalid copies named <index>_ccnew
+# (or _ccold after the swap), still maintained by every write until dropped.
+_REBUILD_LEFTOVERS = r"""
+SELECT quote_ident(c.relname) AS name
+FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+WHERE i.indrelid = 'job'::regclass AND NOT i.indisvalid AND c.relname ~ '_cc(new|old)[0-9]*$'
+"""
+
 
 class HotVacuum:
     """Vacuums `job` whenever it holds `dead_rows` dead rows or more, checked every
@@ -78,7 +97,18 @@ class HotVacuum:
     `MAX_VACUUM_BACKOFF`, so a pinned horizon does not make every replica read the table
     again every few seconds for nothing. As awa's notes on a claimable table put it, expect
     rate x vacuum cycle dead rows there: this shortens the cycle without touching the
-    server's settings."""
+    server's settings.
+
+    A vacuum frees index pages for reuse but never gives them back, so while a horizon is
+    pinned (a report's 60 s REPEATABLE READ snapshot at 1,000 jobs/s keeps ~180,000 dead
+    versions) the indexes grow to hold every version and stay that size after: four times
+    the table's usual size in the soak of benchmark/README.md. So the first clean pass after
+    futile ones, if the indexes have grown `REBUILD_GROWTH` times their size after the last
+    clean pass, rebuilds them with `REINDEX TABLE CONCURRENTLY`, which blocks no claim or
+    write (PostgreSQL's own remedy for index bloat, as pg_repack's is for tables); one replica
+    at a time, under the advisory lock `REBUILD_LOCK_KEY`, dropping first what an interrupted
+    rebuild left. A large backlog that grows the indexes without a pinned horizon is left
+    alone: its pages are in use."""
 
     def __init__(
         self, repository: JobRepository, metrics: QueueMetrics, dead_rows: int, interval: float
@@ -89,6 +119,8 @@ class HotVacuum:
         self._interval = interval
         self._pause = 0.0
         self._resume_at = 0.0
+        self._pinned = False
+        self._settled_bytes: int | None = None
 
     async def _dead(self) -> int:
         # The statistics collector's count (it lags by up to a second), from the same reading
@@ -113,8 +145,52 @@ class HotVacuum:
         if await self._dead() >= self._dead_rows:
             self._pause = min(max(2 * self._pause, 2 * self._interval), MAX_VACUUM_BACKOFF)
             self._resume_at = time.monotonic() + self._pause
+            self._pinned = True
         else:
             self._pause = 0.0
+            await self._after_clean_pass()
+        return True
+
+    async def _index_bytes(self) -> int:
+        return int((await self._repository.fetch(_INDEX_BYTES))[0]["bytes"])
+
+    async def _after_clean_pass(self) -> None:
+        size = await self._index_bytes()
+        grown = self._settled_bytes is not None and size > REBUILD_GROWTH * self._settled_bytes
+        if self._pinned and grown and await self.rebuild_indexes():
+            size = await self._index_bytes()
+        self._pinned = False
+        self._settled_bytes = size
+
+    async def rebuild_indexes(self) -> bool:
+        """Rebuild every index of `job` with `REINDEX TABLE CONCURRENTLY` (writes and claims go
+        on; no statement timeout), after dropping the invalid copies an interrupted rebuild
+        left; whether it ran (False when another replica holds `REBUILD_LOCK_KEY`).
+
+        Raises: ServiceUnavailable (common.errors) when the database cannot be reached;
+        asyncpg.PostgresError when the rebuild fails (its copies are dropped by the next)."""
+        started = time.perf_counter()
+        before = await self._index_bytes()
+        async with self._repository.connection() as connection:
+            if not await connection.fetchval("SELECT pg_try_advisory_lock($1)", REBUILD_LOCK_KEY):
+                return False
+            try:
+                await connection.execute("SET statement_timeout = 0")
+                for row in await connection.fetch(_REBUILD_LEFTOVERS):
+                    await connection.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {row['name']}")
+                await connection.execute("REINDEX TABLE CONCURRENTLY job")
+            finally:
+                await connection.execute("RESET statement_timeout")
+                await connection.execute("SELECT pg_advisory_unlock($1)", REBUILD_LOCK_KEY)
+        elapsed = time.perf_counter() - started
+        self._metrics.hot_reindex.observe(elapsed)
+        logger.info(
+            "rebuilt the indexes of job after a pinned horizon: %.1f -> %.1f MiB in %.2f s",
+            before / 2**20,
+            await self._index_bytes() / 2**20,
+            elapsed,
+            extra={"event": "hot_reindex"},
+        )
         return True
 
 

@@ -145,6 +145,13 @@ class QueueMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+        self.hot_reindex = Histogram(
+            "jobq_hot_reindex_duration_seconds",
+            "Rebuilds of the live table's indexes (REINDEX TABLE CONCURRENTLY) this replica ran "
+            "after a pinned horizon had grown them (services/queue/background.py, HotVacuum).",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.claim_duration = Histogram(
             "jobq_claim_duration_seconds",
             "Time of one claim statement (pool checkout, statement, commit); a long poll "

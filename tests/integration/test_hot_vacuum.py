@@ -1,16 +1,18 @@
 """The live table's own vacuum (services/queue/background.py, HotVacuum) against real
 PostgreSQL: it runs once `job` holds its threshold of dead rows, not before, it removes them,
-index entries included, and it pauses while a snapshot keeps them."""
+index entries included, it pauses while a snapshot keeps them, and it rebuilds the indexes
+such a snapshot grew once it is gone."""
 
 from __future__ import annotations
 
 import asyncio
 
 import asyncpg
+import pytest
 from prometheus_client import CollectorRegistry
 
 from common.enqueue import ENQUEUE_ASYNCPG, encode_rows
-from services.queue.background import HotVacuum
+from services.queue.background import REBUILD_LOCK_KEY, HotVacuum
 from services.queue.metrics import QueueMetrics
 from services.queue.repository import JobRepository
 from tests.helpers import new_job
@@ -122,3 +124,78 @@ async def test_pauses_while_a_snapshot_keeps_the_dead_rows_and_resumes_after(
     after = await _stats(clean_database)
     assert after["vacuums"] == before["vacuums"] + 2
     assert after["dead"] == 0, after
+
+
+_INDEXES = """
+SELECT c.relname AS name, i.indisvalid AS valid
+FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+WHERE i.indrelid = 'job'::regclass ORDER BY 1
+"""
+
+
+async def _indexes(url: str) -> tuple[int, dict[str, bool]]:
+    """The total size of `job`'s indexes in bytes, and each index's validity by name."""
+    connection = await asyncpg.connect(url)
+    try:
+        size = await connection.fetchval("SELECT pg_indexes_size('job'::regclass)")
+        return size, {row["name"]: row["valid"] for row in await connection.fetch(_INDEXES)}
+    finally:
+        await connection.close()
+
+
+async def test_rebuilds_the_indexes_a_pinned_horizon_grew_once_it_moves_on(
+    repository: JobRepository, clean_database: str
+) -> None:
+    metrics = QueueMetrics(CollectorRegistry())
+    vacuum = HotVacuum(repository, metrics, 500, interval=0.5)
+    await _churn(clean_database, 600)
+    assert await vacuum.tick(), "a clean pass: the indexes' usual size noted"
+    usual, names = await _indexes(clean_database)
+    holder = await asyncpg.connect(clean_database)
+    try:
+        reader = holder.transaction(isolation="repeatable_read")
+        await reader.start()
+        await holder.fetchval("SELECT count(*) FROM job")
+        await _churn(clean_database, 20_000)
+        assert await vacuum.tick(), "a futile pass: the snapshot keeps every version"
+        grown, _ = await _indexes(clean_database)
+        assert grown > 4 * usual, (grown, usual)
+        await reader.commit()
+    finally:
+        await holder.close()
+    await asyncio.sleep(1.1)
+    assert await vacuum.tick(), "the pause is over: a clean pass, then the rebuild"
+    assert metrics.registry.get_sample_value("jobq_hot_reindex_duration_seconds_count") == 1
+    rebuilt, after = await _indexes(clean_database)
+    assert rebuilt <= usual, (rebuilt, usual, grown)
+    assert after == names and all(after.values()), after
+
+    await _churn(clean_database, 600)
+    assert await vacuum.tick(), "clean passes without a pinned horizon in between"
+    assert metrics.registry.get_sample_value("jobq_hot_reindex_duration_seconds_count") == 1
+
+
+async def test_a_rebuild_waits_its_turn_and_drops_what_an_interrupted_one_left(
+    repository: JobRepository, clean_database: str
+) -> None:
+    connection = await asyncpg.connect(clean_database)
+    try:
+        await connection.fetch(ENQUEUE_ASYNCPG, encode_rows([new_job(), new_job()]))
+        # A unique index over the two jobs' one queue fails after its catalog entry is in:
+        # what a REINDEX CONCURRENTLY interrupted between its build and its swap leaves.
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await connection.execute(
+                "CREATE UNIQUE INDEX CONCURRENTLY ix_job_queue_id_ccnew ON job (queue)"
+            )
+        _, names = await _indexes(clean_database)
+        assert names["ix_job_queue_id_ccnew"] is False
+        vacuum = HotVacuum(repository, QueueMetrics(CollectorRegistry()), 500, interval=5.0)
+        await connection.execute("SELECT pg_advisory_lock($1)", REBUILD_LOCK_KEY)
+        assert not await vacuum.rebuild_indexes(), "another replica is at it"
+        await connection.execute("SELECT pg_advisory_unlock($1)", REBUILD_LOCK_KEY)
+        assert await vacuum.rebuild_indexes()
+    finally:
+        await connection.close()
+    _, after = await _indexes(clean_database)
+    assert "ix_job_queue_id_ccnew" not in after and all(after.values()), after
+    assert after.keys() == names.keys() - {"ix_job_queue_id_ccnew"}
