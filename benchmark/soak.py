@@ -19,7 +19,8 @@ same way on the same machine, as `make bench-compare` does) it:
   `ALTER SYSTEM SET autovacuum = on` for the run and `ALTER SYSTEM RESET autovacuum` after;
 - holds a REPEATABLE READ transaction with a snapshot of `job` for `--snapshot-seconds` from
   the middle of the run;
-- every `--sample-seconds` samples: the hot table's bytes (`pg_total_relation_size('job')`),
+- every `--sample-seconds` samples: the hot table's bytes (`pg_total_relation_size('job')`,
+  and its indexes' alone),
   live and dead tuples, autovacuum runs and other vacuums (the queue service's own), the
   history's bytes (all partitions), WAL bytes (`pg_current_wal_lsn()`) per completed job,
   claim-statement p50/p99 and submit→complete p50/p99 (from the queue service's histograms,
@@ -71,7 +72,7 @@ from infra.stack import ROOT, LocalStack
 BATCHES_PER_SECOND = 10
 
 _TABLES = """
-SELECT pg_total_relation_size('job') AS job_bytes,
+SELECT pg_total_relation_size('job') AS job_bytes, pg_indexes_size('job') AS index_bytes,
        s.n_live_tup AS live, s.n_dead_tup AS dead, s.autovacuum_count AS autovacuums,
        s.vacuum_count AS vacuums,
        s.n_tup_del AS job_deleted,
@@ -264,6 +265,7 @@ async def _sample(
                     sample = {
                         "minute": round(now["t"] / 60, 3),
                         "job_bytes": now["job_bytes"],
+                        "job_index_bytes": now["index_bytes"],
                         "live_tuples": now["live"],
                         "dead_tuples": now["dead"],
                         "pending": now["pending"],
@@ -475,10 +477,11 @@ _COMPANIONS = {
     "claim_p99_ms": "claim_p50_ms",
     "e2e_p99_ms": "e2e_p50_ms",
     "autovacuum_runs": "vacuum_runs",
+    "job_bytes": "job_index_bytes",
 }
 
 _PANELS = (
-    ("job_bytes", "hot table bytes"),
+    ("job_bytes", "hot table bytes (its indexes dashed)"),
     ("dead_tuples", "hot table dead tuples"),
     ("claim_p99_ms", "claim p99 (ms; p50 dashed)"),
     ("e2e_p99_ms", "submit→complete p99 (ms; p50 dashed)"),
