@@ -1521,8 +1521,9 @@ async def _init_connection(connection: asyncpg.Connection) -> None:
 
 async def _keep_session(connection: asyncpg.Connection) -> None:
     """Pool release hook: nothing to reset. The repository never changes session state (no
-    SET, LISTEN or advisory locks on pooled connections), and asyncpg's default reset costs a
-    round trip per statement."""
+    SET, LISTEN or advisory locks on pooled connections; HotVacuum's SET statement_timeout
+    and advisory lock are undone before it gives its connection back), and asyncpg's default
+    reset costs a round trip per statement."""
 
 
 _NOT_YET = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
