@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import asyncpg
 
 from common.contracts import JobStatus
 from common.errors import JobqError
@@ -135,12 +137,8 @@ class HotVacuum:
         if time.monotonic() < self._resume_at or await self._dead() < self._dead_rows:
             return False
         started = time.perf_counter()
-        async with self._repository.connection() as connection:
-            await connection.execute("SET statement_timeout = 0")
-            try:
-                await connection.execute("VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) job")
-            finally:
-                await connection.execute("RESET statement_timeout")
+        async with self._untimed() as connection:
+            await connection.execute("VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) job")
         self._metrics.hot_vacuum.observe(time.perf_counter() - started)
         if await self._dead() >= self._dead_rows:
             self._pause = min(max(2 * self._pause, 2 * self._interval), MAX_VACUUM_BACKOFF)
@@ -151,47 +149,58 @@ class HotVacuum:
             await self._after_clean_pass()
         return True
 
+    @contextlib.asynccontextmanager
+    async def _untimed(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection without a statement timeout, reset before it goes back (VACUUM
+        and REINDEX CONCURRENTLY cannot run in a transaction, where SET LOCAL would scope it)."""
+        async with self._repository.connection() as connection:
+            await connection.execute("SET statement_timeout = 0")
+            try:
+                yield connection
+            finally:
+                await connection.execute("RESET statement_timeout")
+
     async def _index_bytes(self) -> int:
         return int((await self._repository.fetch(_INDEX_BYTES))[0]["bytes"])
 
     async def _after_clean_pass(self) -> None:
         size = await self._index_bytes()
         grown = self._settled_bytes is not None and size > REBUILD_GROWTH * self._settled_bytes
-        if self._pinned and grown and await self.rebuild_indexes():
-            size = await self._index_bytes()
+        if self._pinned and grown:
+            size = await self.rebuild_indexes() or size
         self._pinned = False
         self._settled_bytes = size
 
-    async def rebuild_indexes(self) -> bool:
+    async def rebuild_indexes(self) -> int | None:
         """Rebuild every index of `job` with `REINDEX TABLE CONCURRENTLY` (writes and claims go
         on; no statement timeout), after dropping the invalid copies an interrupted rebuild
-        left; whether it ran (False when another replica holds `REBUILD_LOCK_KEY`).
+        left; the indexes' bytes after it, or None when another replica holds
+        `REBUILD_LOCK_KEY` (nothing done).
 
         Raises: ServiceUnavailable (common.errors) when the database cannot be reached;
         asyncpg.PostgresError when the rebuild fails (its copies are dropped by the next)."""
         started = time.perf_counter()
-        before = await self._index_bytes()
-        async with self._repository.connection() as connection:
+        async with self._untimed() as connection:
             if not await connection.fetchval("SELECT pg_try_advisory_lock($1)", REBUILD_LOCK_KEY):
-                return False
+                return None
             try:
-                await connection.execute("SET statement_timeout = 0")
+                before = await connection.fetchval(_INDEX_BYTES)
                 for row in await connection.fetch(_REBUILD_LEFTOVERS):
                     await connection.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {row['name']}")
                 await connection.execute("REINDEX TABLE CONCURRENTLY job")
+                after = int(await connection.fetchval(_INDEX_BYTES))
             finally:
-                await connection.execute("RESET statement_timeout")
                 await connection.execute("SELECT pg_advisory_unlock($1)", REBUILD_LOCK_KEY)
         elapsed = time.perf_counter() - started
         self._metrics.hot_reindex.observe(elapsed)
         logger.info(
             "rebuilt the indexes of job after a pinned horizon: %.1f -> %.1f MiB in %.2f s",
             before / 2**20,
-            await self._index_bytes() / 2**20,
+            after / 2**20,
             elapsed,
             extra={"event": "hot_reindex"},
         )
-        return True
+        return after
 
 
 class Reaper:
