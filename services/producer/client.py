@@ -62,6 +62,13 @@ body limit); a single larger submit still goes, alone."""
 _ENTRY_OVERHEAD_BYTES = 512
 """Room for an entry's other fields when weighing a forward's size."""
 
+FORWARDS_IN_FLIGHT = 1
+"""Forwards of single submits under way at once. One: submits that arrive while it is in
+flight leave together in the next, so at 800 submits/s a forward carries several jobs instead
+of one of four parallel forwards carrying one each (four cost 7 % more producer CPU, 13 % more
+queue-service CPU and 21 % more PostgreSQL CPU per submit, with no better p95:
+benchmark/README.md#k6)."""
+
 
 @dataclass(frozen=True, slots=True)
 class _Forward:
@@ -91,7 +98,7 @@ class QueueServiceClient:
         self._submits: Coalescer[_Forward, BatchEntryResult] = Coalescer(
             self._forward_batch,
             max_batch=BATCH_MAX,
-            max_in_flight=4,
+            max_in_flight=FORWARDS_IN_FLIGHT,
             weight=lambda forward: forward.payload_bytes + _ENTRY_OVERHEAD_BYTES,
             max_weight=GROUP_COMMIT_MAX_BYTES,
         )
