@@ -168,6 +168,12 @@ bench: install ## Whole benchmark suite with peers (~15 min): JSON+PNG in benchm
 bench-sqs: install ## SQS endpoint (boto3) vs jobq's own protocol side by side (~1 min): JSON+PNG in benchmark/results
 	$(BIN)/python -m benchmark.sqs
 
+.PHONY: bench-floor
+FLOOR_RATE ?= 800
+
+bench-floor: install ## The HTTP stack's CPU per request without jobq (raw ASGI, Litestar @asgi route, Litestar handler), 3 rounds (~3 min) [FLOOR_RATE=800]: JSON in benchmark/results
+	$(BIN)/python -m benchmark.floor --rate $(FLOOR_RATE)
+
 .PHONY: bench-quick
 bench-quick: install ## Benchmark suite at smoke-test size (no peers, one round; what CI runs), not committed
 	$(BIN)/python -m benchmark --preset quick

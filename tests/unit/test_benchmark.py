@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from benchmark import report
+from benchmark import floor, report
 from benchmark.dashboard_snapshot import OUTPUT, describe_workers
 from benchmark.database import verify
 from benchmark.ingest import passes
@@ -192,3 +193,16 @@ def test_sqs_benchmark_summary_keeps_the_endpoints_highest_rss_and_cpu() -> None
 
     rounds = [{"sqs": side(60, 20), "jobq": side(0, 0)}, {"sqs": side(70, 15), "jobq": side(0, 0)}]
     assert summary(rounds)["sqs_endpoint"] == {"rss_peak_mb": 70, "cpu_percent": 20}
+
+
+@pytest.mark.parametrize("kind", floor.KINDS)
+async def test_the_floor_apps_do_the_same_work(kind: str) -> None:
+    # Each kind decodes the body strictly and answers the same 202, so their CPU per request
+    # differs only by the HTTP stack in front of the decode.
+    transport = httpx.ASGITransport(app=floor._app(kind))
+    async with httpx.AsyncClient(transport=transport, base_url="http://floor") as client:
+        good = await client.post("/jobs", json={"taskType": "noop", "payload": {"n": 1}})
+        assert good.status_code == 202
+        assert good.json() == {"jobId": floor._JOB_ID, "status": "PENDING"}
+        bad = await client.post("/jobs", json={"taskType": "noop", "payload": {}, "x": 1})
+        assert bad.status_code == 400
