@@ -1,11 +1,14 @@
-"""Ingest, open loop: constant arrival-rate steps of single `POST /jobs` submits.
+"""Ingest: constant arrival-rate steps of single `POST /jobs` submits (open loop), and a
+closed-loop step of 32 connections.
 
 Each step is one run of `benchmark/k6/ingest.js` (k6's constant-arrival-rate executor) at one
 rate; a step *passes* when its p95 accept latency is under 50 ms with no failed request and no
 dropped arrival. The knee is the highest passing rate; steps stop after two failures in a row.
 The same steps run against the producer (two hops), the queue service (one hop) and the bare
 Litestar + asyncpg endpoint (`benchmark/bare.py`), each on its own database, with no worker
-running. CPU per accepted request is measured per process class as for the burn-down.
+running. CPU per accepted request is measured per process class as for the burn-down. The
+closed-loop step (`closed_loop`) keeps 32 connections busy, each sending its next submit when
+the last was answered: its throughput is what a fleet of synchronous clients gets.
 """
 
 from __future__ import annotations
@@ -76,19 +79,45 @@ async def run_step(
     """One k6 step; returns its summary (`rate, requests, failed, dropped, p50_ms, p95_ms,
     p99_ms, max_ms, achieved_per_s, cpu_us_per_request, passed, usage`). RuntimeError when k6 fails
     to run or writes no summary."""
-    summary = workdir / f"{target.name}-{rate}-{time.monotonic_ns()}.json"
+    step = await _k6(
+        ctx, target, seconds, workdir, f"@ {rate}/s",
+        # VUs ready for 100 ms of arrivals; at most enough for each to wait 250 ms (or 50
+        # in flight, or 1,000 at most): past that, arrivals are dropped and the step fails.
+        RATE=str(rate),
+        PRE_VUS=str(min(1000, max(20, rate // 10))),
+        MAX_VUS=str(min(1000, max(50, rate // 4))),
+    )  # fmt: skip
+    step["passed"] = passes(step)
+    return step
+
+
+CLOSED_LOOP_VUS = 32
+"""Connections of the closed-loop step, each sending its next submit as soon as the last was
+answered: a client fleet's worth, as the ingest target of issue 17 states it."""
+
+
+async def closed_loop(
+    ctx: Context, target: Target, seconds: int, workdir: Path, vus: int = CLOSED_LOOP_VUS
+) -> dict[str, Any]:
+    """One closed-loop k6 step of `vus` connections for `seconds`: its summary as `run_step`'s
+    (`rate` 0, `vus`, no `passed`), `achieved_per_s` the throughput. RuntimeError as there."""
+    return await _k6(ctx, target, seconds, workdir, f"closed loop x {vus}", VUS=str(vus))
+
+
+async def _k6(
+    ctx: Context, target: Target, seconds: int, workdir: Path, label: str, **settings: str
+) -> dict[str, Any]:
+    """Run `benchmark/k6/ingest.js` against `target` with `settings` (its environment) while
+    metering the target's processes and k6's; the summary with CPU per accepted request."""
+    summary = workdir / f"{target.name}-{time.monotonic_ns()}.json"
     env = {
         **os.environ,
         "URL": target.url,
         "TOKEN": target.token,
-        "RATE": str(rate),
         "DURATION": str(seconds),
-        # VUs ready for 100 ms of arrivals; at most enough for each to wait 250 ms (or 50
-        # in flight, or 1,000 at most): past that, arrivals are dropped and the step fails.
-        "PRE_VUS": str(min(1000, max(20, rate // 10))),
-        "MAX_VUS": str(min(1000, max(50, rate // 4))),
         "SUMMARY": str(summary),
         "K6_NO_USAGE_REPORT": "true",
+        **settings,
     }
     process = await asyncio.create_subprocess_exec(
         k6_binary(), "run", "--quiet", "--no-color", str(SCRIPT),
@@ -102,7 +131,7 @@ async def run_step(
             await asyncio.wait_for(process.wait(), timeout=1.0)
         except TimeoutError:
             elapsed = time.monotonic() - started
-            ctx.progress.tick(f"ingest {target.name} @ {rate}/s: {elapsed:.0f}/{seconds} s")
+            ctx.progress.tick(f"ingest {target.name} {label}: {elapsed:.0f}/{seconds} s")
     usage = meter.stop()
     stderr = (await process.stderr.read()).decode(errors="replace") if process.stderr else ""
     if process.returncode != 0 or not summary.exists():
@@ -114,7 +143,6 @@ async def run_step(
     step["cpu_us_per_request"] = cpu_per_request(usage, accepted)
     for key in ("p50_ms", "p95_ms", "p99_ms", "max_ms"):
         step[key] = round(step[key], 2)
-    step["passed"] = passes(step)
     step["usage"] = usage
     return step
 

@@ -111,6 +111,19 @@ def _ingest_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             _row(f"Ingest knee, single submits, {labels[name]}", knee, "req/s", target, met,
                  bare=_ratio(knee, bare))
         )  # fmt: skip
+    closed_bare = ingest.get("bare", {}).get("closed_per_s")
+    for name, entry in ingest.items():
+        closed = entry.get("closed_per_s")
+        if closed is None:
+            continue
+        ratio = _ratio(closed, closed_bare)
+        vus = entry["rounds"][0]["closed"]["vus"]
+        target = ">= 0.85x the bare endpoint" if name == "producer" and closed_bare else ""
+        met = ratio >= 0.85 if target and ratio is not None else None
+        rows.append(
+            _row(f"Closed loop, {vus} connections, {labels[name]}", closed,
+                 "req/s", target, met, bare=ratio)
+        )  # fmt: skip
     at_800 = [
         s["p95_ms"]
         for run in ingest.get("producer", {}).get("rounds", [])

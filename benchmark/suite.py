@@ -113,19 +113,26 @@ async def _ingest(ctx: Context, preset: Preset) -> dict[str, Any]:
                 table = "bare_job" if name == "bare" else "job"
                 await ingest.truncate(target.database_url, table)
                 ctx.progress.note(f"ingest round {round_ + 1}/{preset.ingest_rounds}: {name}")
-                rounds[name].append(
-                    await ingest.stepped(
-                        ctx, target, preset.ingest_rates, preset.ingest_seconds, ctx.logs
-                    )
+                run = await ingest.stepped(
+                    ctx, target, preset.ingest_rates, preset.ingest_seconds, ctx.logs
                 )
+                await ingest.truncate(target.database_url, table)
+                run["closed"] = await ingest.closed_loop(
+                    ctx, target, preset.ingest_seconds, ctx.logs
+                )
+                rounds[name].append(run)
     finally:
         stacks.stop()
     result: dict[str, Any] = {}
     for name, runs in rounds.items():
         for run in runs:
-            for step in run["steps"]:
+            for step in [*run["steps"], run["closed"]]:
                 step.pop("usage", None)
-        result[name] = {"knee_per_s": median([r["knee_per_s"] for r in runs]), "rounds": runs}
+        result[name] = {
+            "knee_per_s": median([r["knee_per_s"] for r in runs]),
+            "closed_per_s": median([r["closed"]["achieved_per_s"] for r in runs]),
+            "rounds": runs,
+        }
     return result
 
 

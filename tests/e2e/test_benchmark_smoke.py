@@ -58,9 +58,13 @@ def test_quick_suite_writes_a_well_formed_result(result: tuple[dict[str, Any], P
     ingest = document["results"]["ingest"]
     assert set(ingest) == {"producer", "queue"}
     for entry in ingest.values():
-        for step in entry["rounds"][0]["steps"]:
+        closed = entry["rounds"][0]["closed"]
+        for step in [*entry["rounds"][0]["steps"], closed]:
             assert step["requests"] > 0 and step["failed"] >= 0 and step["dropped"] >= 0
             assert step["p50_ms"] <= step["p95_ms"] <= step["p99_ms"] <= step["max_ms"]
+        # The closed loop: 32 connections, as many requests as they could send.
+        assert closed["vus"] == 32 and closed["achieved_per_s"] > 0
+        assert entry["closed_per_s"] > 0
     series = document["results"]["claims"]["rr_hold"]["series"]
     assert series and all(len(row) == 4 for row in series)
 

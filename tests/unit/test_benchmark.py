@@ -140,6 +140,24 @@ def test_latency_under_load_gets_a_table_and_the_half_knee_p99_a_target() -> Non
     assert (row["value"], row["target"], row["met"]) == (30.0, "< 25 ms", False)
 
 
+def test_closed_loop_rows_give_the_producer_a_target_against_the_bare_endpoint() -> None:
+    latest = sorted((report.README.parent / "results").glob("full-*.json"))[-1]
+    document = json.loads(latest.read_text())
+    ingest = document["results"]["ingest"]
+    for name, per_s in (("producer", 1_300.0), ("queue", 1_500.0), ("bare", 1_600.0)):
+        ingest[name]["closed_per_s"] = per_s
+        ingest[name]["rounds"][0]["closed"] = {"vus": 32, "achieved_per_s": per_s}
+    rows = {r["figure"]: r for r in report.summary(document) if "Closed loop" in r["figure"]}
+    producer = rows["Closed loop, 32 connections, producer (two hops)"]
+    assert (producer["value"], producer["x_bare"], producer["met"]) == (1_300.0, 0.81, False)
+    queue = rows["Closed loop, 32 connections, queue service (one hop)"]
+    assert (queue["x_bare"], queue["target"], queue["met"]) == (0.94, "", None)
+    ingest["producer"]["closed_per_s"] = 1_400.0
+    [producer] = [r for r in report.summary(document) if r["figure"].endswith("producer (two hops)")
+                  and "Closed" in r["figure"]]  # fmt: skip
+    assert producer["met"] is True
+
+
 def test_sqs_benchmark_summary_takes_medians_and_ratios() -> None:
     from benchmark.sqs import summary
 
