@@ -44,6 +44,7 @@ from benchmark import RESULTS
 from benchmark.bare import Submit
 from benchmark.ingest import SCRIPT, k6_binary
 from common.web.serving import ServerLimits, serve
+from infra.stack import free_port
 
 KINDS = ("raw", "asgi", "handler")
 _JOB_ID = "0192e4a0-0000-7000-8000-000000000000"
@@ -99,13 +100,6 @@ def _app(kind: str) -> Any:
     return Litestar([submit_asgi if kind == "asgi" else submit_handler])
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _wait_for(port: int, server: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -122,7 +116,7 @@ def _wait_for(port: int, server: subprocess.Popen[bytes]) -> None:
 def _step(kind: str, rate: int, seconds: int, workdir: Path) -> dict[str, Any]:
     """One k6 step against a fresh server of `kind`: the step's summary with the server's
     `cpu_us_per_request` (per accepted request)."""
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "benchmark.floor", "--serve", kind, "--port", str(port)]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
