@@ -158,6 +158,22 @@ def test_closed_loop_rows_give_the_producer_a_target_against_the_bare_endpoint()
     assert producer["met"] is True
 
 
+def test_the_producers_knee_is_held_to_the_same_share_of_the_bare_endpoints() -> None:
+    latest = sorted((report.README.parent / "results").glob("full-*.json"))[-1]
+    document = json.loads(latest.read_text())
+    ingest = document["results"]["ingest"]
+    ingest["bare"]["knee_per_s"] = 2_000
+    knee = "Ingest knee, single submits, producer (two hops)"
+    for per_s, met in ((1_600, False), (1_700, True)):
+        ingest["producer"]["knee_per_s"] = per_s
+        [row] = [r for r in report.summary(document) if r["figure"] == knee]
+        assert row["target"] == ">= 0.85x the bare endpoint, p95 < 50 ms, no errors"
+        assert (row["x_bare"], row["met"]) == (per_s / 2_000, met)
+    del ingest["bare"]
+    [row] = [r for r in report.summary(document) if r["figure"] == knee]
+    assert (row["target"], row["met"]) == ("", None)
+
+
 def test_sqs_benchmark_summary_takes_medians_and_ratios() -> None:
     from benchmark.sqs import summary
 
