@@ -20,6 +20,7 @@ import asyncpg
 import msgspec
 from litestar import Litestar, get, post
 from litestar.datastructures import State
+from litestar.params import JSONBody
 
 from common.web.serving import ServerLimits, serve
 
@@ -56,7 +57,7 @@ def create_app(database_url: str, pool_size: int = 10) -> Litestar:
             await pool.close()
 
     @post("/jobs", status_code=202)
-    async def submit(data: Submit, state: State) -> dict[str, str]:
+    async def submit(data: JSONBody[Submit], state: State) -> dict[str, str]:
         job_id = uuid.uuid4()
         await state.pool.execute(
             _INSERT, job_id, data.task_type, msgspec.json.encode(data.payload).decode()
