@@ -277,7 +277,7 @@ async def compare(
         "name": "compare",
         "before": revision,
         "before_commit": roots["before"].name,
-        "after": _head(),
+        "after": head_revision(),
         "started": started.isoformat(timespec="seconds"),
         "load_average": {"start": load_start, "end": load_average()},
         "settings": {
@@ -312,7 +312,8 @@ async def _span_sink() -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-def _head() -> str:
+def head_revision() -> str:
+    """This checkout's commit as `git describe --always --dirty` names it."""
     head = subprocess.run(
         ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
     )

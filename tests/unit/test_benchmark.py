@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from benchmark import floor, report
+from benchmark import floor, report, statements
 from benchmark.dashboard_snapshot import OUTPUT, describe_workers
 from benchmark.database import verify
 from benchmark.ingest import passes
@@ -240,3 +240,30 @@ async def test_the_floor_apps_do_the_same_work(kind: str) -> None:
         assert good.json() == {"jobId": floor._JOB_ID, "status": "PENDING"}
         bad = await client.post("/jobs", json={"taskType": "noop", "payload": {}, "x": 1})
         assert bad.status_code == 400
+
+
+def test_the_statement_comparison_reads_its_ratios_within_each_burn() -> None:
+    def burn(plain_before: float, plain_after: float, fair_before: float, fair_after: float):
+        walls = {"plain before": plain_before, "plain after": plain_after,
+                 "fair before": fair_before, "fair after": fair_after}  # fmt: skip
+        return {name: {"wall_us_per_job": wall, "postgres_cpu_us_per_job": wall / 2}
+                for name, wall in walls.items()}  # fmt: skip
+
+    # The machine is twice as slow in the second burn: within each burn the ratios hold.
+    summary = statements.summary([burn(100, 90, 110, 99), burn(200, 180, 220, 198)])
+    assert summary["plain before"]["x_plain_before"] == 1.0
+    assert summary["plain before"]["x_before"] is None
+    assert summary["plain after"]["x_before"] == 0.9
+    assert (summary["fair after"]["x_before"], summary["fair after"]["x_plain_before"]) == (
+        0.9,
+        0.99,
+    )
+    assert summary["fair before"]["wall_us_per_job"] == 165.0
+    assert summary["fair after"]["postgres_cpu_us_per_job"] == 74.25
+
+
+def test_the_statement_comparison_refuses_a_revision_with_other_migrations(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(SystemExit, match="other migrations"):
+        statements.statements_of(tmp_path)
