@@ -7,9 +7,12 @@ workers: one asyncpg connection runs the worker's cycle (`JobRepository.ack_and_
 last claim's acks and the next claim of 32, one statement) over a backlog of `--jobs` `noop`
 jobs of `--tenants` tenants in turn (`burndown.prepare_backlog`), cycling through four
 claimers call by call: REV's usual claim, this checkout's, REV's fair claim
-(docs/architecture.md#fair-shares), this checkout's. Each claimer acks its own jobs; all
-four share the backlog, the table and the moment, so the machine's drift lands on all four
-alike, and the ratios are read within each burn.
+(docs/architecture.md#fair-shares), this checkout's, in a new random order each cycle: a
+claim's cost depends on the claim before it (it walks past the index entries that claim
+left), and with the same statements on both sides a fixed order read 0.97. Each claimer
+acks its own jobs;
+all four share the backlog, the table and the moment, so the machine's drift lands on all
+four alike, and the ratios are read within each burn.
 
 Per claimer it reports the median wall time of a call per job claimed (only calls that
 claimed a full 32, so every claimer's calls carry the same work) and PostgreSQL's CPU per job
@@ -27,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -114,17 +118,23 @@ async def _burn(
     backend: int,
     jobs: int,
     tenants: int,
+    seed: int,
 ) -> dict[str, dict[str, float | None]]:
-    """One backlog claimed to the end by the claimers in turn; per claimer the median wall
-    µs per job of its full claims, PostgreSQL's CPU µs per job and the jobs it claimed."""
+    """One backlog claimed to the end by the claimers in turn, each cycle in a new order
+    (shuffled, from `seed`), since a claim's cost depends on the claim before it; per claimer
+    the median wall µs per job of its full claims, PostgreSQL's CPU µs per job and the jobs
+    it claimed."""
     await prepare_backlog(connection, jobs, tenants=tenants)
     walls: dict[str, list[float]] = {name: [] for name in claimers}
     cpu = dict.fromkeys(claimers, 0.0)
     claimed = dict.fromkeys(claimers, 0)
     acks: dict[str, list[tuple[Any, Any, None]]] = {name: [] for name in claimers}
     empty: set[str] = set()
+    order, shuffle = list(claimers), random.Random(seed).shuffle
     while len(empty) < len(claimers):
-        for name, (claimer, kind, text) in claimers.items():
+        shuffle(order)
+        for name in order:
+            claimer, kind, text = claimers[name]
             with _statement(kind, text):
                 cpu_before, started = _backend_cpu(backend), time.perf_counter()
                 got, _ = await claimer.ack_and_claim(acks[name], ["default"], "bench", CLAIM, 30)
@@ -170,7 +180,7 @@ async def run(revision: str, burns: int, jobs: int, tenants: int) -> dict[str, A
         results = []
         for burn in range(burns):
             progress.phase(f"burn {burn + 1}/{burns}: {jobs:,} jobs of {tenants} tenant(s)")
-            results.append(await _burn(claimers, connection, backend, jobs, tenants))
+            results.append(await _burn(claimers, connection, backend, jobs, tenants, burn))
             progress.note(
                 "  " + ", ".join(f"{n} {r['wall_us_per_job']} µs" for n, r in results[-1].items())
             )
@@ -236,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     """CLI entry point: runs the burns, prints the table and the JSON's path."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", required=True, help="the earlier revision (a commit, tag…)")
-    parser.add_argument("--burns", type=int, default=5)
+    parser.add_argument("--burns", type=int, default=6)
     parser.add_argument("--jobs", type=int, default=30_000, help="backlog per burn")
     parser.add_argument("--tenants", type=int, default=20, help="tenants owning it in turn")
     args = parser.parse_args(argv)
