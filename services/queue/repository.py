@@ -376,7 +376,7 @@ def _claimed_cte(worker: str, visibility: str, flow: str = "NULL::bigint") -> st
               job.max_attempts, job.timeout_seconds, job.lease_id, job.visible_at,
               job.idempotency_key, job.queue, job.tenant, job.trace_context::text AS trace_json
 ), claimed AS (
-    -- Rank and flow by one join, not a lookup in `picked` per returned row (3-5 % of a
+    -- Rank and flow by one join, not a lookup in `picked` per returned row (2-4 % of a
     -- claim's time, benchmark/README.md "Where the time goes: the claim statements").
     SELECT leased.*, picked.rank, {flow} AS flow
     FROM leased JOIN picked ON picked.id = leased.id
