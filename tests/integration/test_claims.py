@@ -133,6 +133,21 @@ def _hashed_tables(plan: str) -> set[str]:
     return tables
 
 
+def test_a_hash_join_is_refused_only_when_it_reads_a_table() -> None:
+    ctes = """Hash Join  (cost=0.33..1.23 rows=10 width=602)
+  Hash Cond: (picked_1.id = leased.id)
+  ->  CTE Scan on picked picked_1  (cost=0.00..0.68 rows=34 width=24)
+  ->  Hash  (cost=0.20..0.20 rows=10 width=586)
+        ->  CTE Scan on leased  (cost=0.00..0.20 rows=10 width=586)
+->  Index Scan using pk_job on job job_1  (cost=0.29..70.28 rows=10 width=132)"""
+    table = """->  Hash Join  (cost=1.0..900.0 rows=10 width=8)
+      ->  Seq Scan on job  (cost=0.00..800.00 rows=20000 width=8)
+      ->  Hash  (cost=0.20..0.20 rows=10 width=16)
+            ->  CTE Scan on picked  (cost=0.00..0.20 rows=10 width=16)"""
+    assert _hashed_tables(ctes) == set()
+    assert _hashed_tables(table) == {"job"}
+
+
 CLAIM_ARGS = "'{{{queues}}}', 16, 'w', 30"
 SETTLE_ARRAYS = "ARRAY[gen_random_uuid()], ARRAY[gen_random_uuid()]"
 
