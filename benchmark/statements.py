@@ -187,7 +187,8 @@ async def run(revision: str, burns: int, jobs: int, tenants: int) -> dict[str, A
     finally:
         await connection.close()
         await pool.close()
-        await database.drop_database(base, "jobq_bench_statements")
+        for name in ("jobq_bench_statements", database.TEMPLATE):
+            await database.drop_database(base, name)
     return {
         "name": "statements",
         "before": revision,
