@@ -199,7 +199,7 @@ bench-compare: install ## Burn-down and submits of BEFORE=<rev> and this checkou
 
 STATEMENTS_ARGS ?=
 .PHONY: bench-statements
-bench-statements: install ## The claim statements of BEFORE=<rev> and this checkout, interleaved call by call on one backlog (~2 min; STATEMENTS_ARGS="--tenants 1"): JSON in benchmark/results
+bench-statements: install ## The claim statements of BEFORE=<rev> and this checkout, interleaved call by call on one backlog (~30 s; STATEMENTS_ARGS="--tenants 1"): JSON in benchmark/results
 	@test -n "$(BEFORE)" || { echo "usage: make bench-statements BEFORE=<commit> [STATEMENTS_ARGS=...]"; exit 2; }
 	$(BIN)/python -m benchmark.statements --before $(BEFORE) $(STATEMENTS_ARGS)
 

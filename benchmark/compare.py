@@ -56,11 +56,15 @@ CHECKOUTS = ROOT / ".jobq" / "compare"
 
 
 def checkout(revision: str) -> Path:
-    """A work tree of `revision` under `.jobq/compare/` (made once, reused); its path."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
-        cwd=ROOT, check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
+    """A work tree of `revision` under `.jobq/compare/` (made once, reused); its path.
+    SystemExit when `revision` names no commit of this repository."""
+    found = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    if found.returncode != 0:
+        raise SystemExit(f"{revision!r} names no commit of this repository (git rev-parse)")
+    commit = found.stdout.strip()
     path = CHECKOUTS / commit[:12]
     if not (path / "services").is_dir():
         CHECKOUTS.mkdir(parents=True, exist_ok=True)

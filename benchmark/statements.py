@@ -19,8 +19,8 @@ claimed a full 32, so every claimer's calls carry the same work) and PostgreSQL'
 (the backend's `/proc` ticks around each call, summed: sampled, unbiased over hundreds of
 calls). Both revisions' statements run on this checkout's schema through this checkout's
 repository (`services.queue.repository`, its module statements swapped per call), so REV
-must have the same migrations and the same claim row shape: a revision that differs is
-refused. Writes `benchmark/results/statements-<stamp>.json`.
+must have the same migrations (a revision that differs is refused) and claim statements
+returning the same columns. Writes `benchmark/results/statements-<stamp>.json`.
 """
 
 from __future__ import annotations
@@ -73,13 +73,19 @@ class _Claimer(JobRepository):
         return self.fair
 
 
-def statements_of(root: Path) -> dict[str, str]:
-    """The two claim statements of the checkout at `root`, by kind. SystemExit when it has
-    none, or migrations other than this checkout's."""
-    mine = sorted(p.name for p in (ROOT / _MIGRATIONS).glob("*.py"))
-    theirs = sorted(p.name for p in (root / _MIGRATIONS).glob("*.py"))
+def statements_of(root: Path, revision: str) -> dict[str, str]:
+    """The two claim statements of the checkout at `root` (of `revision`), by kind.
+    SystemExit when it has none, or migrations other than this checkout's (its statements
+    would not run on this checkout's schema)."""
+    mine = {p.name for p in (ROOT / _MIGRATIONS).glob("*.py")}
+    theirs = {p.name for p in (root / _MIGRATIONS).glob("*.py")}
     if mine != theirs:
-        raise SystemExit(f"{root} has other migrations than this checkout: not comparable here")
+        raise SystemExit(
+            f"{revision} has other migrations than this checkout (only there: "
+            f"{sorted(theirs - mine) or 'none'}; only here: {sorted(mine - theirs) or 'none'}), "
+            "so its statements cannot run on this checkout's schema: choose a revision after "
+            "the last migration"
+        )
     names = ", ".join(f"{kind!r}: R.{name}" for kind, name in _PUBLIC_NAMES.items())
     script = (
         f"import json; from services.queue import repository as R; print(json.dumps({{{names}}}))"
@@ -89,7 +95,9 @@ def statements_of(root: Path) -> dict[str, str]:
         cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
     )  # fmt: skip
     if found.returncode != 0:
-        raise SystemExit(f"{root} has no {' or '.join(_PUBLIC_NAMES.values())}:\n{found.stderr}")
+        raise SystemExit(
+            f"{revision} has no {' or '.join(_PUBLIC_NAMES.values())}:\n{found.stderr}"
+        )
     statements: dict[str, str] = json.loads(found.stdout)
     return statements
 
@@ -159,7 +167,7 @@ async def _burn(
 
 async def run(revision: str, burns: int, jobs: int, tenants: int) -> dict[str, Any]:
     """The result document: settings, each burn's figures per claimer, and the summary."""
-    before = statements_of(checkout(revision))
+    before = statements_of(checkout(revision), revision)
     after = {kind: getattr(repository, _MODULE_NAMES[kind]) for kind in KINDS}
     base = ensure_postgres()
     await database.make_template(base)
@@ -247,9 +255,11 @@ def main(argv: list[str] | None = None) -> None:
     """CLI entry point: runs the burns, prints the table and the JSON's path."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", required=True, help="the earlier revision (a commit, tag…)")
-    parser.add_argument("--burns", type=int, default=6)
-    parser.add_argument("--jobs", type=int, default=30_000, help="backlog per burn")
-    parser.add_argument("--tenants", type=int, default=20, help="tenants owning it in turn")
+    parser.add_argument("--burns", type=int, default=6, help="backlogs claimed to the end, 1-50")
+    parser.add_argument(
+        "--jobs", type=int, default=30_000, help="backlog per burn, 1,000-1,000,000"
+    )
+    parser.add_argument("--tenants", type=int, default=20, help="tenants owning it in turn, 1-100")
     args = parser.parse_args(argv)
     if not 1 <= args.burns <= 50 or not 1_000 <= args.jobs <= 1_000_000:
         parser.error("--burns must be 1 to 50 and --jobs 1,000 to 1,000,000")
@@ -260,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     path = RESULTS / f"statements-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     path.write_text(json.dumps(document, indent=1) + "\n")
     print(_table(document))
-    print(path)
+    print(f"results: {path}")
 
 
 if __name__ == "__main__":

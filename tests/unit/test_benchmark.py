@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from benchmark import floor, report, statements
+from benchmark import compare, floor, report, statements
 from benchmark.dashboard_snapshot import OUTPUT, describe_workers
 from benchmark.database import verify
 from benchmark.ingest import passes
@@ -265,5 +265,10 @@ def test_the_statement_comparison_reads_its_ratios_within_each_burn() -> None:
 def test_the_statement_comparison_refuses_a_revision_with_other_migrations(
     tmp_path: Path,
 ) -> None:
-    with pytest.raises(SystemExit, match="other migrations"):
-        statements.statements_of(tmp_path)
+    with pytest.raises(SystemExit, match=r"^old has other migrations.*only here: "):
+        statements.statements_of(tmp_path, "old")
+
+
+def test_a_comparison_refuses_a_revision_that_names_no_commit() -> None:
+    with pytest.raises(SystemExit, match="'nosuchrev' names no commit"):
+        compare.checkout("nosuchrev")
