@@ -10,9 +10,10 @@ claimers call by call: REV's usual claim, this checkout's, REV's fair claim
 (docs/architecture.md#fair-shares), this checkout's, in a new random order each cycle: a
 claim's cost depends on the claim before it (it walks past the index entries that claim
 left), and with the same statements on both sides a fixed order read 0.97. Each claimer
-acks its own jobs;
-all four share the backlog, the table and the moment, so the machine's drift lands on all
-four alike, and the ratios are read within each burn.
+acks its own jobs; all four share the backlog, the table and the moment, so the machine's
+drift lands on all four alike, and the ratios are read within each burn. A claimer whose
+backlog share ran out keeps being called (claiming nothing) until all four have, so its
+PostgreSQL CPU per job includes those few empty calls.
 
 Per claimer it reports the median wall time of a call per job claimed (only calls that
 claimed a full 32, so every claimer's calls carry the same work) and PostgreSQL's CPU per job
