@@ -42,7 +42,7 @@ from litestar.types import Receive, Scope, Send
 
 from benchmark import RESULTS
 from benchmark.bare import Submit
-from benchmark.ingest import SCRIPT, k6_binary
+from benchmark.ingest import SCRIPT, k6_binary, open_loop
 from common.web.serving import ServerLimits, serve
 from infra.stack import free_port
 
@@ -125,12 +125,10 @@ def _step(kind: str, rate: int, seconds: int, workdir: Path) -> dict[str, Any]:
         env = {
             **os.environ,
             "URL": f"http://127.0.0.1:{port}/jobs",
-            "RATE": str(rate),
             "DURATION": str(seconds),
-            "PRE_VUS": str(max(20, rate // 10)),
-            "MAX_VUS": str(max(50, rate // 4)),
             "SUMMARY": str(summary),
             "K6_NO_USAGE_REPORT": "true",
+            **open_loop(rate),
         }
         process = psutil.Process(server.pid)
         before = process.cpu_times()

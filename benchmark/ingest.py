@@ -79,17 +79,21 @@ async def run_step(
     """One k6 step; returns its summary (`rate, requests, failed, dropped, p50_ms, p95_ms,
     p99_ms, max_ms, achieved_per_s, cpu_us_per_request, passed, usage`). RuntimeError when k6 fails
     to run or writes no summary."""
-    step = await _k6(
-        ctx, target, seconds, workdir, f"@ {rate}/s",
-        # VUs ready for 100 ms of arrivals; at most enough for each to wait 250 ms (or 50
-        # in flight, or 1,000 at most): past that, arrivals are dropped and the step fails.
-        RATE=str(rate),
-        PRE_VUS=str(min(1000, max(20, rate // 10))),
-        MAX_VUS=str(min(1000, max(50, rate // 4))),
-        VUS="0",  # open loop, whatever the caller's environment holds
-    )  # fmt: skip
+    step = await _k6(ctx, target, seconds, workdir, f"@ {rate}/s", **open_loop(rate))
     step["passed"] = passes(step)
     return step
+
+
+def open_loop(rate: int) -> dict[str, str]:
+    """`benchmark/k6/ingest.js`'s environment for an open-loop step of `rate` arrivals per
+    second: VUs ready for 100 ms of arrivals; at most enough for each to wait 250 ms (or 50
+    in flight, or 1,000 at most): past that, arrivals are dropped and the step fails."""
+    return {
+        "RATE": str(rate),
+        "PRE_VUS": str(min(1000, max(20, rate // 10))),
+        "MAX_VUS": str(min(1000, max(50, rate // 4))),
+        "VUS": "0",  # open loop, whatever the caller's environment holds
+    }
 
 
 CLOSED_LOOP_VUS = 32
