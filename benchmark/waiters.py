@@ -8,17 +8,20 @@ trigger costs the settle statements when nobody waits (docs/adr/008-waiting-for-
 
 - `latency`: a queue service process (real HTTP, its own database) holds `--waiters` waiters
   on as many jobs; the jobs are claimed, then acked 100 per request (`acks_of_100`: 100
-  answers leave together) or one per request (`acks_of_1`), one request at a time, and each
-  waiter's latency is the time its answer's head arrived on its socket minus the job's
-  `finished_at` (the same host clock; `finished_at` is the ack statement's start, so the
-  figure also holds the statement's own run and commit). Waiters are bare sockets, not an
-  HTTP client library, so the measuring process adds little of its own per answer
-  (`--client aiohttp`: the earlier measurement, taken after aiohttp read and decoded each
-  answer in the process that also sends the acks); with acks
-  of 100, `first_and_last_per_ack_ms` gives each ack's first and last answer (`--profile
-  FILE`: py-spy's summary of the queue service meanwhile). `idle_cpu`: the queue service's
-  CPU (percent of one core) over 5 s while the waiters wait (their jobs stay PENDING),
-  beside 5 s with none.
+  answers leave together) or one per request (`acks_of_1`), one request at a time. Each
+  waiter's latency is the time its answer's head arrived on its socket minus the time its
+  job completed: `commit_to_answer` from the moment the job's settle notification reached a
+  LISTEN connection of a process of its own (just after the ack's commit; a listener in the
+  measuring process would stamp it late while that process reads answers), and
+  `settle_to_answer` from the job's `finished_at` (the ack statement's start, so it also
+  holds the statement's own run and commit); one host clock throughout. Waiters are bare
+  sockets, not an HTTP client library, so the measuring process adds little of its own per
+  answer (`--client aiohttp`: the earlier measurement, taken after aiohttp read and decoded
+  each answer in the process that also sends the acks). With acks of 100, `per_ack` gives
+  each ack's first and last answer by both measures and the ack request's own time, sent to
+  answered (`--profile FILE`: py-spy's summary of the queue service meanwhile). `idle_cpu`:
+  the queue service's CPU (percent of one core) over 5 s while the waiters wait (their jobs
+  stay PENDING), beside 5 s with none.
 - `settle_cost`: claim + ack of `--settles` jobs, 100 per statement, through the repository,
   with the trigger enabled and disabled, alternating rounds; jobs per second of each.
 """
@@ -30,11 +33,13 @@ import asyncio
 import json
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -45,6 +50,7 @@ import psutil
 from benchmark import database
 from benchmark.profile import _spy, summarise
 from benchmark.stats import latency_summary
+from common.enqueue import SETTLED_CHANNEL
 from infra.servers import ensure_postgres, ensure_redis
 from infra.stack import ROOT, LocalStack
 from services.queue.repository import JobRepository, create_pool
@@ -68,6 +74,46 @@ def _cpu_percent(pid: int, seconds: float) -> float:
     before = sum(process.cpu_times()[:2])
     time.sleep(seconds)
     return round((sum(process.cpu_times()[:2]) - before) / seconds * 100, 2)
+
+
+async def _listen(url: str, count: int) -> None:
+    """The body of `--listen URL COUNT`, run as its own process: LISTEN on `jobq_settled` and,
+    once `count` notifications came, print one line `<job id> <epoch seconds received>` each.
+    It says `ready` first, once it listens."""
+    received: list[tuple[str, float]] = []
+    done = asyncio.Event()
+
+    def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        received.append((payload, time.time()))
+        if len(received) >= count:
+            done.set()
+
+    connection = await asyncpg.connect(url)
+    await connection.add_listener(SETTLED_CHANNEL, on_notify)
+    print("ready", flush=True)
+    try:
+        await asyncio.wait_for(done.wait(), timeout=120)
+    finally:
+        await connection.close()
+    print("\n".join(f"{job_id} {at}" for job_id, at in received), flush=True)
+
+
+class _Listener:
+    """A `--listen` process: when each job's settle notification reached a LISTEN connection
+    of its own, just after the settle's commit, in a process that does nothing else (the
+    benchmark's own process is busy reading the answers then, and would stamp it late)."""
+
+    def __init__(self, url: str, count: int) -> None:
+        command = [sys.executable, "-m", "benchmark.waiters", "--listen", url, str(count)]
+        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        assert self._process.stdout is not None
+        if self._process.stdout.readline().strip() != "ready":
+            raise RuntimeError("the settle listener did not start")
+
+    def received(self) -> dict[str, float]:
+        """Job id → epoch seconds its notification arrived (waits for the process's end)."""
+        out, _ = self._process.communicate(timeout=150)
+        return {job_id: float(at) for job_id, at in (line.split() for line in out.splitlines())}
 
 
 async def _raw_waiter(
@@ -102,20 +148,33 @@ async def _aiohttp_waiter(http: aiohttp.ClientSession, job_id: str) -> tuple[flo
     return time.time(), str(body["status"])
 
 
+class _Round(NamedTuple):
+    """One round's answers: each one's delay (ms) after its job's `finished_at` (the settle
+    statement's start) and after its job's settle notification reached an independent
+    listener (just after the commit), how many answered COMPLETED, and per ack request its
+    burst: the first and last answer after `finished_at` and after the commit, and the ack
+    request's own time (sent → answered, ms)."""
+
+    after_start: list[float]
+    after_commit: list[float]
+    completed: int
+    bursts: list[dict[str, float]]
+
+
 async def _round(
     http: aiohttp.ClientSession,
     connection: asyncpg.Connection,
+    url: str,
     address: tuple[str, int],
     token: str,
     waiters: int,
     per_ack: int,
     client: str = "raw",
-) -> tuple[list[float], int, list[tuple[float, float]]]:
+) -> _Round:
     """`waiters` waiters on as many jobs, then the jobs acked `per_ack` per request (one
-    request at a time). Returns each answer's delay after its job's `finished_at` (ms), how
-    many answered COMPLETED, and per ack request the first and the last of its answers' delays
-    (ms; how long its burst of answers took to leave)."""
+    request at a time)."""
     await database.reset_jobs(connection)
+    listener = _Listener(url, waiters)
     batch = [{"taskType": "noop", "payload": {"i": i}} for i in range(waiters)]
     async with http.post("/jobs/batch", json={"jobs": batch}) as reply:
         ids = [entry["jobId"] for entry in (await reply.json())["results"]]
@@ -131,16 +190,20 @@ async def _round(
         claim = {"worker": "bench", "queues": ["default"], "max": 100}
         async with http.post("/jobs/next", json=claim) as reply:
             claimed.extend((await reply.json())["jobs"])
+    ack_ms: list[float] = []
     for start in range(0, waiters, per_ack):
         entries = [
             {"id": job["id"], "receiptHandle": job["receiptHandle"]}
             for job in claimed[start : start + per_ack]
         ]
+        sent = time.perf_counter()
         async with http.post("/jobs/ack", json={"entries": entries}) as reply:
             assert reply.status == 200, await reply.text()
+        ack_ms.append((time.perf_counter() - sent) * 1000)
     results = await asyncio.gather(*tasks)
     for writer, _ in opened:
         writer.close()
+    committed = await asyncio.to_thread(listener.received)
     answered = dict(zip(ids, results, strict=True))
     finished = {
         str(row["id"]): row["f"]
@@ -150,16 +213,22 @@ async def _round(
         )
     }
     completed = sum(status == "COMPLETED" for _, status in answered.values())
-    delays = {job_id: (at - finished[job_id]) * 1000 for job_id, (at, _) in answered.items()}
+    after_start = {i: (at - finished[i]) * 1000 for i, (at, _) in answered.items()}
+    after_commit = {i: (at - committed[i]) * 1000 for i, (at, _) in answered.items()}
     order = [str(job["id"]) for job in claimed]
-    bursts = [
-        (
-            round(min(delays[i] for i in order[start : start + per_ack]), 2),
-            round(max(delays[i] for i in order[start : start + per_ack]), 2),
+    bursts = []
+    for number, took in enumerate(ack_ms):
+        burst = order[number * per_ack : (number + 1) * per_ack]
+        bursts.append(
+            {
+                "first_ms": round(min(after_start[i] for i in burst), 2),
+                "last_ms": round(max(after_start[i] for i in burst), 2),
+                "first_after_commit_ms": round(min(after_commit[i] for i in burst), 2),
+                "last_after_commit_ms": round(max(after_commit[i] for i in burst), 2),
+                "ack_request_ms": round(took, 2),
+            }
         )
-        for start in range(0, waiters, per_ack)
-    ]
-    return list(delays.values()), completed, bursts
+    return _Round(list(after_start.values()), list(after_commit.values()), completed, bursts)
 
 
 async def _latency(
@@ -207,18 +276,19 @@ async def _latency(
                 spy = None
                 if profile is not None and per_ack > 1:
                     spy = _spy(pid, 250, 8, profile)
-                delays, completed, bursts = await _round(
-                    http, connection, address, stack.internal_token, waiters, per_ack, client
+                answers = await _round(
+                    http, connection, url, address, stack.internal_token, waiters, per_ack, client
                 )
                 if spy is not None:
                     await asyncio.to_thread(spy.wait)
                     result["profile_acks_of_100"] = summarise(profile)  # type: ignore[arg-type]
                 result[name] = {
-                    "answered_completed": completed,
-                    "settle_to_answer": latency_summary(delays),
+                    "answered_completed": answers.completed,
+                    "commit_to_answer": latency_summary(answers.after_commit),
+                    "settle_to_answer": latency_summary(answers.after_start),
                 }
                 if per_ack > 1:
-                    result[name]["first_and_last_per_ack_ms"] = bursts
+                    result[name]["per_ack"] = answers.bursts
     finally:
         await connection.close()
         stack.stop()
@@ -285,6 +355,9 @@ async def main(arguments: argparse.Namespace) -> Path:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--listen"]:  # the settle listener's process (_Listener)
+        asyncio.run(_listen(sys.argv[2], int(sys.argv[3])))
+        sys.exit()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--waiters", type=int, default=500)
     parser.add_argument("--settles", type=int, default=20_000)

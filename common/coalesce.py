@@ -45,8 +45,11 @@ class Coalescer(Generic[T, R]):
 
     At most `max_in_flight` flushes run at once, each with at most `max_batch` items whose
     `weight(item)` (for example their size in bytes) adds up to at most `max_weight` (a single
-    heavier item still goes, alone). Flushes run as tasks the coalescer owns; `aclose()`
-    waits for them. A caller cancelled before its
+    heavier item still goes, alone). With `gather`, a batch forms when its flush starts, one
+    turn of the event loop after the first item asked for it, so items submitted in the same
+    turn (callers woken together by one event) leave in one flush instead of the first alone.
+    Flushes run as tasks the coalescer owns; `aclose()` waits for them. A caller cancelled
+    before its
     item left is dropped from the batch; one cancelled later still has its item flushed (the
     operation is idempotent or harmless for every use in jobq), it just gets no answer.
     """
@@ -59,6 +62,7 @@ class Coalescer(Generic[T, R]):
         max_in_flight: int = 1,
         weight: Callable[[T], int] | None = None,
         max_weight: int = 0,
+        gather: bool = False,
     ) -> None:
         if max_batch < 1 or max_in_flight < 1:
             raise ValueError("max_batch and max_in_flight must be at least 1")
@@ -67,6 +71,8 @@ class Coalescer(Generic[T, R]):
         self._max_in_flight = max_in_flight
         self._weight = weight
         self._max_weight = max_weight
+        self._gather = gather
+        self._forming = False  # with `gather`: batches will form in the next turn
         self._waiting: deque[tuple[T, asyncio.Future[R]]] = deque()
         self._flushing: set[asyncio.Task[None]] = set()
 
@@ -84,23 +90,37 @@ class Coalescer(Generic[T, R]):
         return await future
 
     def _start_flushes(self) -> None:
+        if not self._gather:
+            self._form_batches()
+        elif self._waiting and not self._forming and len(self._flushing) < self._max_in_flight:
+            self._forming = True
+            asyncio.get_running_loop().call_soon(self._form_batches)
+
+    def _form_batches(self) -> None:
+        """Start flushes of the waiting items, as many as may be in flight."""
+        self._forming = False
         while self._waiting and len(self._flushing) < self._max_in_flight:
-            batch: list[tuple[T, asyncio.Future[R]]] = []
-            total = 0
-            while self._waiting and len(batch) < self._max_batch:
-                item, future = self._waiting[0]
-                if self._weight is not None:
-                    total += self._weight(item)
-                    if batch and total > self._max_weight:
-                        break
-                self._waiting.popleft()
-                if not future.done():
-                    batch.append((item, future))
+            batch = self._take()
             if not batch:
                 return
             task = asyncio.create_task(self._run(batch))
             self._flushing.add(task)
             task.add_done_callback(self._finished)
+
+    def _take(self) -> list[tuple[T, asyncio.Future[R]]]:
+        """The next batch off the waiting items (callers cancelled meanwhile left out)."""
+        batch: list[tuple[T, asyncio.Future[R]]] = []
+        total = 0
+        while self._waiting and len(batch) < self._max_batch:
+            item, future = self._waiting[0]
+            if self._weight is not None:
+                total += self._weight(item)
+                if batch and total > self._max_weight:
+                    break
+            self._waiting.popleft()
+            if not future.done():
+                batch.append((item, future))
+        return batch
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._flushing.discard(task)
@@ -130,5 +150,8 @@ class Coalescer(Generic[T, R]):
 
     async def aclose(self) -> None:
         """Wait for the flushes under way (and those they start) to finish."""
-        while self._flushing:
-            await asyncio.gather(*self._flushing, return_exceptions=True)
+        while self._flushing or self._forming:
+            if self._flushing:
+                await asyncio.gather(*self._flushing, return_exceptions=True)
+            else:
+                await asyncio.sleep(0)  # a `gather` batch forms in this turn

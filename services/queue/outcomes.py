@@ -27,15 +27,15 @@ _READS_MAX = 500
 
 class OutcomeWaiters:
     """The waiters of one replica. Waiters woken together (one ack statement settles up to
-    100 awaited jobs) read their jobs with one statement (`common.coalesce.Coalescer`), not
-    one each."""
+    100 awaited jobs, whose notifications arrive together) read their jobs with one statement
+    (`common.coalesce.Coalescer` with `gather`), not one each, nor a first one alone."""
 
     def __init__(self, repository: JobRepository, hub: WakeupHub, shutdown: asyncio.Event) -> None:
         self._repository = repository
         self._hub = hub
         self._shutdown = shutdown
         self._reads: Coalescer[uuid.UUID, JobView | None] = Coalescer(
-            self._read_many, max_batch=_READS_MAX, max_in_flight=2
+            self._read_many, max_batch=_READS_MAX, max_in_flight=2, gather=True
         )
 
     async def aclose(self) -> None:
@@ -63,7 +63,8 @@ class OutcomeWaiters:
                     if flagged is None:
                         break  # live again without the flag (retried meanwhile): flag it
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(settled.wait(), timeout=remaining)
+                        async with asyncio.timeout(remaining):
+                            await settled.wait()
                     settled.clear()
                     view = await self._read(job_id, tenant)
 

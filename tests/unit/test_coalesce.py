@@ -42,6 +42,29 @@ async def test_a_lone_item_goes_at_once_and_later_ones_wait_for_the_next_flush()
     assert flush.batches == [[1], [2, 3, 4]]
 
 
+async def test_with_gather_items_of_one_turn_leave_together_and_later_ones_next() -> None:
+    flush = Recorder()
+    flush.gate.clear()
+    coalescer = Coalescer(flush, max_batch=3, max_in_flight=2, gather=True)
+
+    async def woken(i: int) -> int:  # callers woken together, each submitting on its own
+        return await coalescer.submit(i)
+
+    together = [asyncio.create_task(woken(i)) for i in (1, 2, 3, 4, 5)]
+    for _ in range(3):  # the callers submit in one turn, the batches form in the next
+        await asyncio.sleep(0)
+    assert flush.batches == [[1, 2, 3], [4, 5]], "the first caller left alone"
+    later = asyncio.create_task(coalescer.submit(6))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert flush.batches == [[1, 2, 3], [4, 5]], "a third flush started beyond max_in_flight"
+    assert not any(task.done() for task in together), "answered before its flush returned"
+    flush.gate.set()
+    assert await asyncio.gather(*together) == [2, 4, 6, 8, 10]
+    assert await later == 12
+    assert flush.batches == [[1, 2, 3], [4, 5], [6]]
+
+
 async def test_batches_respect_count_weight_and_in_flight_limits() -> None:
     flush = Recorder()
     flush.gate.clear()
