@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -39,6 +40,8 @@ import msgspec
 import uvicorn
 from litestar import Litestar
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from common.heap import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 
@@ -272,6 +275,12 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: Litestar) -> None:
         super().__init__(config)
         self._app = app
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup (the app's lifespan startup, then the listening sockets); then
+        startup's objects are frozen out of the garbage collector's scans (`common.heap`)."""
+        await super().startup(sockets)
+        freeze_startup_heap()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         begin: Any = self._app.state.get("begin_shutdown")

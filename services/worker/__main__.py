@@ -10,6 +10,7 @@ import uvicorn
 import uvloop
 from prometheus_client import CollectorRegistry
 
+from common.heap import freeze_startup_heap
 from common.logging import configure_logging
 from common.web import tracing
 from common.web.http import QUEUE_SERVICE_CONNECTIONS, ServiceClient
@@ -68,6 +69,7 @@ async def run(settings: WorkerSettings) -> None:
             ", ".join(processors.task_types()),
             extra={"event": "worker_started"},
         )
+        freeze_startup_heap()
         async with asyncio.TaskGroup() as tasks:
             if server is not None:
                 tasks.create_task(server.serve())
