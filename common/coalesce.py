@@ -49,9 +49,9 @@ class Coalescer(Generic[T, R]):
     turn of the event loop after the first item asked for it, so items submitted in the same
     turn (callers woken together by one event) leave in one flush instead of the first alone.
     Flushes run as tasks the coalescer owns; `aclose()` waits for them. A caller cancelled
-    before its
-    item left is dropped from the batch; one cancelled later still has its item flushed (the
-    operation is idempotent or harmless for every use in jobq), it just gets no answer.
+    before its item left is dropped from the batch; one cancelled later still has its item
+    flushed (the operation is idempotent or harmless for every use in jobq), it just gets no
+    answer.
     """
 
     def __init__(

@@ -8,9 +8,9 @@ service's app alone on this project's 2-core test machine, and 47 and 64 ms for 
 queue service made during one `make bench-waiters` run, each a burst of late answers
 (benchmark/README.md#waiting-for-outcomes).
 
-`gc.freeze()` (CPython 3.7+, added for this, after Instagram's "Dismissing Python Garbage
-Collection at Instagram", 2017) moves every object alive now into a permanent generation that
-collections skip, so later ones walk only what the process made since.
+`gc.freeze()` (CPython 3.7+, bpo-31558; the `gc` module's documentation) moves every object
+alive now into a permanent generation that collections ignore, so later ones walk only what
+the process made since.
 """
 
 from __future__ import annotations
