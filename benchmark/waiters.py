@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -76,10 +77,11 @@ def _cpu_percent(pid: int, seconds: float) -> float:
     return round((sum(process.cpu_times()[:2]) - before) / seconds * 100, 2)
 
 
-async def _listen(url: str, count: int) -> None:
-    """The body of `--listen URL COUNT`, run as its own process: LISTEN on `jobq_settled` and,
-    once `count` notifications came, print one line `<job id> <epoch seconds received>` each.
-    It says `ready` first, once it listens."""
+async def _listen(url: str, count: int) -> bool:
+    """The body of `--listen COUNT` (the database URL in `JOBQ_LISTEN_URL`), run as its own
+    process: LISTEN on `jobq_settled`, say `ready`, and once `count` notifications came (or
+    after 120 s) print one line `<job id> <epoch seconds received>` for each that came.
+    Returns whether all `count` came."""
     received: list[tuple[str, float]] = []
     done = asyncio.Event()
 
@@ -92,28 +94,58 @@ async def _listen(url: str, count: int) -> None:
     await connection.add_listener(SETTLED_CHANNEL, on_notify)
     print("ready", flush=True)
     try:
-        await asyncio.wait_for(done.wait(), timeout=120)
+        if count > 0:
+            await asyncio.wait_for(done.wait(), timeout=120)
+    except TimeoutError:
+        pass
     finally:
         await connection.close()
     print("\n".join(f"{job_id} {at}" for job_id, at in received), flush=True)
+    return len(received) >= count
 
 
 class _Listener:
-    """A `--listen` process: when each job's settle notification reached a LISTEN connection
-    of its own, just after the settle's commit, in a process that does nothing else (the
-    benchmark's own process is busy reading the answers then, and would stamp it late)."""
+    """A `--listen` process, as a context manager: when each job's settle notification
+    reached a LISTEN connection of its own, just after the settle's commit, in a process that
+    does nothing else (the benchmark's own process is busy reading the answers then, and would
+    stamp it late). Leaving the block stops the process if it still runs."""
 
     def __init__(self, url: str, count: int) -> None:
-        command = [sys.executable, "-m", "benchmark.waiters", "--listen", url, str(count)]
-        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        assert self._process.stdout is not None
-        if self._process.stdout.readline().strip() != "ready":
-            raise RuntimeError("the settle listener did not start")
+        self._command = [sys.executable, "-m", "benchmark.waiters", "--listen", str(count)]
+        self._environment = {**os.environ, "JOBQ_LISTEN_URL": url}  # not in `ps`
+        self._process: subprocess.Popen[str] | None = None
 
-    def received(self) -> dict[str, float]:
-        """Job id → epoch seconds its notification arrived (waits for the process's end)."""
+    def __enter__(self) -> _Listener:
+        self._process = subprocess.Popen(
+            self._command, stdout=subprocess.PIPE, text=True, env=self._environment
+        )
+        assert self._process.stdout is not None
+        if self._process.stdout.readline().strip() != "ready":  # "" when it ended
+            self._stop()
+            raise RuntimeError("the settle listener did not start (see its error above)")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+
+    def received(self, ids: list[str]) -> dict[str, float]:
+        """Job id → epoch seconds its notification arrived, for each of `ids` (waits for the
+        process to end; RuntimeError naming the jobs it did not hear of)."""
+        assert self._process is not None
         out, _ = self._process.communicate(timeout=150)
-        return {job_id: float(at) for job_id, at in (line.split() for line in out.splitlines())}
+        heard = {job_id: float(at) for job_id, at in (line.split() for line in out.splitlines())}
+        missing = [job_id for job_id in ids if job_id not in heard]
+        if missing:
+            raise RuntimeError(
+                f"the settle listener (exit code {self._process.returncode}) heard of"
+                f" {len(ids) - len(missing)} of {len(ids)} jobs; not of {missing[:3]} …"
+            )
+        return heard
 
 
 async def _raw_waiter(
@@ -161,20 +193,18 @@ class _Round(NamedTuple):
     bursts: list[dict[str, float]]
 
 
-async def _round(
+async def _wait_and_ack(
     http: aiohttp.ClientSession,
     connection: asyncpg.Connection,
-    url: str,
     address: tuple[str, int],
     token: str,
     waiters: int,
     per_ack: int,
-    client: str = "raw",
-) -> _Round:
-    """`waiters` waiters on as many jobs, then the jobs acked `per_ack` per request (one
-    request at a time)."""
-    await database.reset_jobs(connection)
-    listener = _Listener(url, waiters)
+    client: str,
+) -> tuple[list[str], list[dict[str, Any]], list[tuple[float, str]], list[float]]:
+    """`waiters` waiters on as many new jobs, then the jobs claimed and acked `per_ack` per
+    request (one request at a time). Returns the job ids, the claimed jobs in ack order, each
+    waiter's (time its answer arrived, status), and each ack request's time (ms)."""
     batch = [{"taskType": "noop", "payload": {"i": i}} for i in range(waiters)]
     async with http.post("/jobs/batch", json={"jobs": batch}) as reply:
         ids = [entry["jobId"] for entry in (await reply.json())["results"]]
@@ -203,7 +233,27 @@ async def _round(
     results = await asyncio.gather(*tasks)
     for writer, _ in opened:
         writer.close()
-    committed = await asyncio.to_thread(listener.received)
+    return ids, claimed, results, ack_ms
+
+
+async def _round(
+    http: aiohttp.ClientSession,
+    connection: asyncpg.Connection,
+    url: str,
+    address: tuple[str, int],
+    token: str,
+    waiters: int,
+    per_ack: int,
+    client: str = "raw",
+) -> _Round:
+    """`waiters` waiters on as many jobs, then the jobs acked `per_ack` per request (one
+    request at a time), with a `_Listener` taking each settle's commit time."""
+    await database.reset_jobs(connection)
+    with _Listener(url, waiters) as listener:
+        ids, claimed, results, ack_ms = await _wait_and_ack(
+            http, connection, address, token, waiters, per_ack, client
+        )
+        committed = await asyncio.to_thread(listener.received, ids)
     answered = dict(zip(ids, results, strict=True))
     finished = {
         str(row["id"]): row["f"]
@@ -356,8 +406,7 @@ async def main(arguments: argparse.Namespace) -> Path:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--listen"]:  # the settle listener's process (_Listener)
-        asyncio.run(_listen(sys.argv[2], int(sys.argv[3])))
-        sys.exit()
+        sys.exit(0 if asyncio.run(_listen(os.environ["JOBQ_LISTEN_URL"], int(sys.argv[2]))) else 1)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--waiters", type=int, default=500)
     parser.add_argument("--settles", type=int, default=20_000)

@@ -2,8 +2,9 @@
 
 A `Coalescer` collects items that callers submit one at a time and hands them to a flush
 function in batches. It uses *natural batching*: a lone item is flushed at once (no added
-latency when idle), and items that arrive while a flush is in flight wait and leave together
-in the next one, so batches grow exactly as fast as load does. This is PostgreSQL's own group
+latency when idle; with `gather`, one event-loop turn later), and items that arrive while a
+flush is in flight wait and leave together in the next one, so batches grow exactly as fast
+as load does. This is PostgreSQL's own group
 commit applied one level up, and what River's batch completer, graphile-worker's
 `completeJobBatchDelay` and pgqueuer's buffered acks do for job completions; see
 docs/architecture.md#batching.
@@ -45,9 +46,10 @@ class Coalescer(Generic[T, R]):
 
     At most `max_in_flight` flushes run at once, each with at most `max_batch` items whose
     `weight(item)` (for example their size in bytes) adds up to at most `max_weight` (a single
-    heavier item still goes, alone). With `gather`, a batch forms when its flush starts, one
-    turn of the event loop after the first item asked for it, so items submitted in the same
-    turn (callers woken together by one event) leave in one flush instead of the first alone.
+    heavier item still goes, alone; `weight` must not raise). With `gather`, a batch forms one
+    turn of the event loop after a flush may start (after the first item's submit, or after a
+    flush in flight ended), so items submitted in the same turn (callers woken together by one
+    event) leave in one flush instead of the first alone.
     Flushes run as tasks the coalescer owns; `aclose()` waits for them. A caller cancelled
     before its item left is dropped from the batch; one cancelled later still has its item
     flushed (the operation is idempotent or harmless for every use in jobq), it just gets no

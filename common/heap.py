@@ -6,11 +6,14 @@ schemas, the OpenTelemetry and Prometheus machinery), none of which ever becomes
 (generation 2) collection walks them all with the event loop stopped: 25 to 33 ms for the queue
 service's app alone on this project's 2-core test machine, and 47 and 64 ms for the two the
 queue service made during one `make bench-waiters` run, each a burst of late answers
-(benchmark/README.md#waiting-for-outcomes).
+(benchmark/README.md#waiting-for-outcomes; both timed by a collector callback added for those
+measurements only).
 
 `gc.freeze()` (CPython 3.7+, bpo-31558; the `gc` module's documentation) moves every object
 alive now into a permanent generation that collections ignore, so later ones walk only what
-the process made since.
+the process made since. The price: a frozen object that later ends up in an unreachable
+reference cycle is never collected, so freeze once, when what exists is what the process
+keeps.
 """
 
 from __future__ import annotations

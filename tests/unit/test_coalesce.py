@@ -65,6 +65,27 @@ async def test_with_gather_items_of_one_turn_leave_together_and_later_ones_next(
     assert flush.batches == [[1, 2, 3], [4, 5], [6]]
 
 
+async def test_with_gather_a_caller_cancelled_before_its_batch_forms_is_left_out() -> None:
+    flush = Recorder()
+    coalescer = Coalescer(flush, max_batch=10, gather=True)
+    gone = asyncio.create_task(coalescer.submit(1))
+    kept = asyncio.create_task(coalescer.submit(2))
+    await asyncio.sleep(0)  # both submitted; the batch forms in the next turn
+    gone.cancel()
+    assert await kept == 4
+    assert flush.batches == [[2]]
+
+
+async def test_with_gather_aclose_waits_for_a_batch_not_yet_formed() -> None:
+    flush = Recorder()
+    coalescer = Coalescer(flush, max_batch=10, gather=True)
+    submitted = asyncio.create_task(coalescer.submit(1))
+    await asyncio.sleep(0)  # submitted; no flush exists yet, one is about to form
+    await coalescer.aclose()
+    assert flush.batches == [[1]], "aclose returned before the pending batch was flushed"
+    assert await submitted == 2
+
+
 async def test_batches_respect_count_weight_and_in_flight_limits() -> None:
     flush = Recorder()
     flush.gate.clear()
