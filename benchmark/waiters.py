@@ -138,7 +138,8 @@ class _Listener:
         process to end; RuntimeError naming the jobs it did not hear of)."""
         assert self._process is not None
         out, _ = self._process.communicate(timeout=150)
-        heard = {job_id: float(at) for job_id, at in (line.split() for line in out.splitlines())}
+        lines = (line.split() for line in out.splitlines() if line)
+        heard = {job_id: float(at) for job_id, at in lines}
         missing = [job_id for job_id in ids if job_id not in heard]
         if missing:
             raise RuntimeError(
