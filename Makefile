@@ -187,7 +187,7 @@ bench-console: install ## The console's overview (100 queues) and jobs page (100
 	$(BIN)/python -m benchmark.console
 
 .PHONY: bench-waiters
-bench-waiters: install ## 500 waiters (waitSeconds=20): settle → answer latency, idle CPU, the settle trigger's cost; JSON in benchmark/results
+bench-waiters: install ## 500 waiters (waitSeconds=20): commit → answer latency, idle CPU, the settle trigger's cost (~1 min); JSON in benchmark/results
 	$(BIN)/python -m benchmark.waiters
 
 BEFORE ?=

@@ -402,6 +402,7 @@ async def main(arguments: argparse.Namespace) -> Path:
     path = RESULTS / f"waiters-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    print(f"wrote {path}")
     return path
 
 
