@@ -42,6 +42,9 @@ NAMING_CONVENTION = {
 
 STATUSES = tuple(status.value for status in JobStatus)
 
+UNLEASED = text("status <> 'PROCESSING'")
+"""The predicate of the listing indexes of `job`: every row but the leased ones."""
+
 # A hot queue table churns: vacuum it after a few percent of rows change rather than 20 %, and
 # leave room on each page for HOT updates (pgqueuer and Oban give the same advice).
 AUTOVACUUM_SETTINGS = {
@@ -149,8 +152,11 @@ class Job(Base):
             "finished_at",
             postgresql_where=text("status IN ('COMPLETED', 'CANCELLED', 'DEAD_LETTER')"),
         ),
-        Index("ix_job_status_id", "status", text("id DESC")),
-        Index("ix_job_queue_id", "queue", text("id DESC")),
+        # The listings' indexes leave leased jobs out: a claim's UPDATE is not HOT, and would
+        # otherwise add an entry to each for every job claimed. Listings read PROCESSING rows
+        # (at most one per worker slot) by ix_job_reaper (JobRepository.list_jobs).
+        Index("ix_job_unleased_status_id", "status", text("id DESC"), postgresql_where=UNLEASED),
+        Index("ix_job_unleased_queue_id", "queue", text("id DESC"), postgresql_where=UNLEASED),
         # Idempotency keys are unique per tenant; jobs without one (most) stay out of the
         # index, so their inserts and state changes do not maintain it.
         Index(
@@ -161,7 +167,7 @@ class Job(Base):
             postgresql_where=text("idempotency_key IS NOT NULL"),
         ),
         # A tenant's listing walks its own jobs, newest first.
-        Index("ix_job_tenant_id", "tenant", text("id DESC")),
+        Index("ix_job_unleased_tenant_id", "tenant", text("id DESC"), postgresql_where=UNLEASED),
         AUTOVACUUM_SETTINGS,
     )
 

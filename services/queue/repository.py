@@ -1292,6 +1292,46 @@ FROM promoted GROUP BY queue
 """
 
 
+def listing_statement(conditions: Sequence[str], full: bool, limit_at: int, bytes_at: int) -> str:
+    """The statement of `JobRepository.list_jobs`: jobs matching every SQL condition of
+    `conditions` (`status = $1`, `id < $2`, …), newest first, at most `$<limit_at>` of them
+    and at most `$<bytes_at>` bytes of JSON (the first always), each with the count of the
+    page before the byte cut (`total`).
+
+    The page is the newest of three walks, each stopped at the limit: `job` without its
+    leased rows (`ix_job_unleased_status_id`, `…_queue_id`, `…_tenant_id` or the primary
+    key, backwards), the leased rows (`ix_job_reaper`, at most one per worker slot, sorted)
+    and `job_history`. They are walked apart because a view's branch with a WHERE clause is
+    planned without the page's order and limit, and would read the table."""
+    columns = _SUMMARY_COLUMNS + (", payload, errors, result" if full else "")
+    where = " AND ".join(conditions) or "true"
+    # The leased rows are found first and sorted after (OFFSET 0 keeps the order out of
+    # their walk): walked backwards by the primary key, filtering them out of a backlog,
+    # they would read all of `job` whenever fewer than a page are leased, as is usual.
+    walks = f"""
+    (SELECT {columns} FROM job WHERE status <> 'PROCESSING' AND {where}
+     ORDER BY id DESC LIMIT ${limit_at})
+    UNION ALL
+    (SELECT {columns} FROM (SELECT {columns} FROM job
+                           WHERE status = 'PROCESSING' AND {where} OFFSET 0) AS leased
+     ORDER BY id DESC LIMIT ${limit_at})
+    UNION ALL
+    (SELECT {columns} FROM job_history WHERE {where} ORDER BY id DESC LIMIT ${limit_at})"""
+    # A running sum of each row's JSON size (an upper bound) keeps the prefix that fits; the
+    # first row always does. The big columns of rows past the cut are never sent.
+    return f"""
+SELECT {columns}, total FROM (
+    SELECT {columns}, count(*) OVER () AS total, row_number() OVER w AS n,
+           sum(bytes) OVER w AS running
+    FROM (SELECT {columns}, {_listed_bytes(full)} AS bytes
+          FROM (SELECT {columns} FROM ({walks}) AS walks
+                ORDER BY id DESC LIMIT ${limit_at}) AS newest) AS page
+    WINDOW w AS (ORDER BY id DESC ROWS UNBOUNDED PRECEDING)
+) AS sized
+WHERE n = 1 OR running <= ${bytes_at}
+ORDER BY id DESC"""
+
+
 def depth_statement(tenant: str | None = None) -> str:
     """Counts per (queue, status) of live jobs (in `job`) and dead letters (in
     `job_history_dead`, and any a release before the history left in `job`), with the age of
@@ -1303,7 +1343,12 @@ SELECT queue, status, sum(count)::bigint AS count, max(oldest_age)::float8 AS ol
            COALESCE(EXTRACT(EPOCH FROM max(statement_timestamp() - visible_at)
                                        FILTER (WHERE status = 'PENDING')), 0) AS oldest_age
     FROM job
-    WHERE status IN ('PENDING', 'SCHEDULED', 'PROCESSING', 'DEAD_LETTER'){scope}
+    WHERE status IN ('PENDING', 'SCHEDULED', 'DEAD_LETTER'){scope}
+    GROUP BY queue, status
+    UNION ALL
+    -- Leased rows apart: the listing indexes leave them out (ix_job_unleased_tenant_id).
+    SELECT queue, status, count(*), 0 FROM job
+    WHERE status = 'PROCESSING'{scope}
     GROUP BY queue, status
     UNION ALL
     SELECT queue, status, count(*), 0 FROM job_history
@@ -2163,10 +2208,9 @@ class JobRepository:
         the job submitted with it (found by the per-tenant unique index when a `tenant` is
         given). Returns them and whether the byte bound left out jobs within `limit`.
 
-        Only the given filters enter the statement, so each combination gets its own plan
-        (ix_job_status_id, ix_job_queue_id, ix_job_tenant_id or the primary key, walked
-        backwards). The cut is made in the statement, so no more than one page's bytes leave
-        PostgreSQL however large the jobs are.
+        Only the given filters enter the statement (`listing_statement`), so each combination
+        gets its own plan. The cut is made in the statement, so no more than one page's bytes
+        leave PostgreSQL however large the jobs are.
         """
         conditions: list[str] = []
         args: list[Any] = []
@@ -2183,22 +2227,8 @@ class JobRepository:
                 args.append(value)
                 operator = "" if column.endswith("<") else " ="
                 conditions.append(f"{column}{operator} ${len(args)}")
-        where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
-        columns = _SUMMARY_COLUMNS + (", payload, errors, result" if full else "")
         args += [limit, max_bytes]
-        limit_at, bytes_at = len(args) - 1, len(args)
-        # A running sum of each row's JSON size (an upper bound) keeps the prefix that fits;
-        # the first row always does. The big columns of rows past the cut are never sent.
-        statement = f"""
-SELECT {columns}, total FROM (
-    SELECT {columns}, count(*) OVER () AS total, row_number() OVER w AS n,
-           sum(bytes) OVER w AS running
-    FROM (SELECT {columns}, {_listed_bytes(full)} AS bytes FROM job_all {where}
-          ORDER BY id DESC LIMIT ${limit_at}) AS page
-    WINDOW w AS (ORDER BY id DESC ROWS UNBOUNDED PRECEDING)
-) AS sized
-WHERE n = 1 OR running <= ${bytes_at}
-ORDER BY id DESC"""
+        statement = listing_statement(conditions, full, len(args) - 1, len(args))
         rows = await self._fetch(statements.named("list_jobs", statement), *args)
         cut = bool(rows) and rows[0]["total"] > len(rows)
         return [_to_listed(row, full) for row in rows], cut

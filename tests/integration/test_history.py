@@ -20,6 +20,7 @@ from services.queue import history as history_module
 from services.queue.history import History, partition_name
 from services.queue.repository import (
     GET_STATEMENT,
+    listing_statement,
     REDRIVE_STATEMENT,
     RETRY_STATEMENT,
     FailEntry,
@@ -272,6 +273,66 @@ async def test_reads_across_live_and_history_walk_indexes_and_prune_partitions(
     assert "job_history_dead" not in plan, plan
     assert "job_history_done_default" not in plan, plan
     assert plan.count("job_history_done_") == 1, plan
+
+
+async def test_listings_walk_indexes_and_leased_jobs_stay_out_of_the_listing_indexes(
+    repository: JobRepository, clean_database: str
+) -> None:
+    # A claim's UPDATE adds no entry to the listing indexes (they leave PROCESSING rows out),
+    # and every listing still reaches the table by an index: the leased rows by the reaper's.
+    connection = await asyncpg.connect(clean_database)
+    try:
+        await _fill_history(connection)
+        leased = await _claimed(repository, 50)
+        await connection.execute("ANALYZE job")
+        definitions = dict(
+            await connection.fetch(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'job'"
+                " AND indexname LIKE 'ix_job_unleased_%'"
+            )
+        )
+        cases = {
+            "all": ([], "NULL"),
+            "status": (["status = $1"], "'PROCESSING'"),
+            "queue": (["queue = $1", "id < $2"], "'default', gen_random_uuid()"),
+            "tenant+status": (["tenant = $1", "status = $2"], "'default', 'PENDING'"),
+        }
+        plans = {}
+        for name, (conditions, args) in cases.items():
+            at = len(conditions) + 1
+            statement = listing_statement(conditions, False, at, at + 1)
+            plans[name] = await _generic_plan(
+                connection, statement, f"{args + ', ' if conditions else ''}50, 1000000"
+            )
+    finally:
+        await connection.close()
+    assert len(definitions) == 3, definitions
+    for definition in definitions.values():
+        assert "WHERE ((status)::text <> 'PROCESSING'::text)" in definition, definition
+    for name, plan in plans.items():
+        assert "Seq Scan on job " not in plan, f"{name}:\n{plan}"
+        assert "ix_job_reaper" in plan, f"{name}:\n{plan}"
+    assert "ix_job_unleased_queue_id" in plans["queue"], plans["queue"]
+    # The leased jobs are listed with the others, newest first, across pages.
+    listed: list[uuid.UUID] = []
+    before = None
+    while True:
+        page, _ = await repository.list_jobs(
+            status=None, queue="default", task_type=None, before=before, limit=500,
+            max_bytes=10_000_000,
+        )  # fmt: skip
+        if not page:
+            break
+        listed += [job.id for job in page]
+        before = page[-1].id
+    assert listed == sorted(listed, reverse=True)
+    assert len(listed) == len(set(listed)) == 10_150 + 40_000
+    assert set(leased) <= set(listed)
+    processing, _ = await repository.list_jobs(
+        status=JobStatus.PROCESSING, queue=None, task_type=None, before=None, limit=500,
+        max_bytes=10_000_000,
+    )  # fmt: skip
+    assert sorted(job.id for job in processing) == sorted(leased)
 
 
 async def test_the_enqueue_probes_the_history_by_index_whatever_its_statistics(

@@ -20,7 +20,7 @@ BOUNDED_INDEXES = {
     "ix_job_claim_tenant",
     "ix_job_claim_type",
     "ix_job_reaper",
-    "ix_job_status_id",
+    "ix_job_unleased_status_id",
 }
 """Indexes whose entries are PENDING or PROCESSING rows only, or lead with the status."""
 

@@ -59,9 +59,9 @@ async def test_upgrade_check_downgrade_upgrade(
             "ix_job_scheduler",
             "ix_job_reaper",
             "ix_job_retention",
-            "ix_job_status_id",
-            "ix_job_queue_id",
-            "ix_job_tenant_id",
+            "ix_job_unleased_status_id",
+            "ix_job_unleased_queue_id",
+            "ix_job_unleased_tenant_id",
             "uq_job_tenant_idempotency_key",
             "pk_job",
         } <= indexes
