@@ -20,11 +20,11 @@ from services.queue import history as history_module
 from services.queue.history import History, partition_name
 from services.queue.repository import (
     GET_STATEMENT,
-    listing_statement,
     REDRIVE_STATEMENT,
     RETRY_STATEMENT,
     FailEntry,
     JobRepository,
+    listing_statement,
 )
 from services.queue.retry import Backoff
 from tests.helpers import new_job
