@@ -109,8 +109,11 @@ async def burn_once(
     """One burn-down of `jobs` noop jobs (of `tenants` tenants, see `prepare_backlog`) by
     `shape` on a running queue-service-only `stack` (its workers are started here and
     stopped after). Returns `{shape, jobs, seconds,
-    jobs_per_s, cpu_us_per_job, steal_seconds, usage, verified}`; `steal_seconds` is the CPU
-    time the hypervisor gave other guests during the burn (`machine.steal_seconds`)."""
+    jobs_per_s, cpu_us_per_job, wal_bytes_per_job, steal_seconds, usage, verified}`;
+    `wal_bytes_per_job` is the server's WAL written from the gate's opening to the last
+    completion (the whole server's: nothing else runs beside a burn-down) per job, a figure
+    the machine's speed does not move; `steal_seconds` is the CPU time the hypervisor gave
+    other guests during the burn (`machine.steal_seconds`)."""
     label = f"burn-down {shape.label}"
     await prepare_backlog(connection, jobs, tenants=tenants)
     indexes = range(shape.replicas)
@@ -127,6 +130,7 @@ async def burn_once(
         meter = ctx.meter(classes, stack.database_url, own).start()
         stolen = steal_seconds()
         before = await database.completed_count(connection)
+        wal = await database.wal_position(connection)
         await hold.commit()
     finally:
         await gate.close()
@@ -137,6 +141,7 @@ async def burn_once(
         stolen = steal_seconds() - stolen
         for index in indexes:
             stack.stop_process(f"worker{index + 1}")
+    wal = await database.wal_position(connection) - wal
     seconds = await database.burn_window(connection)
     verified = database.verify(await database.outcome(connection), jobs)
     cpu = cpu_per_job_us(usage, jobs - before)
@@ -148,6 +153,7 @@ async def burn_once(
         "seconds": round(seconds, 3),
         "jobs_per_s": round(jobs / seconds, 1) if seconds > 0 else 0.0,
         "cpu_us_per_job": cpu,
+        "wal_bytes_per_job": round(wal / max(jobs - before, 1)),
         "steal_seconds": round(stolen, 2),
         "usage": usage,
         "verified": verified,

@@ -190,6 +190,7 @@ def _summary(rounds: list[dict[str, Any]], rates: list[int]) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "burn_jobs_per_s": median(b["jobs_per_s"] for b in burns),
             "burn_cpu_us_per_job": median(b["cpu_us_per_job"].get("total", 0) for b in burns),
+            "burn_wal_bytes_per_job": median(b.get("wal_bytes_per_job", 0) for b in burns),
             "burn_steal_seconds": [b.get("steal_seconds", 0.0) for b in burns],
             "burn_jobs_per_claim": [b.get("jobs_per_claim") for b in burns],
         }
@@ -218,6 +219,11 @@ def _summary(rounds: list[dict[str, Any]], rates: list[int]) -> dict[str, Any]:
         "burn_jobs_per_s_paired_median": median(paired),
         "burn_cpu_us_per_job": round(
             after["burn_cpu_us_per_job"] / max(before["burn_cpu_us_per_job"], 1e-9), 3
+        ),
+        "burn_wal_bytes_per_job": (
+            round(after["burn_wal_bytes_per_job"] / before["burn_wal_bytes_per_job"], 3)
+            if before["burn_wal_bytes_per_job"]
+            else None
         ),
     }
     for rate in rates:
@@ -339,6 +345,8 @@ def _table(summary: dict[str, Any], rates: list[int]) -> str:
         f"{' / '.join(str(j) for j in after['burn_jobs_per_claim'])} | |",
         f"| CPU per job, µs (every process) | {before['burn_cpu_us_per_job']:,.0f} | "
         f"{after['burn_cpu_us_per_job']:,.0f} | {ratio['burn_cpu_us_per_job']} |",
+        f"| WAL per job, bytes | {before['burn_wal_bytes_per_job']:,.0f} | "
+        f"{after['burn_wal_bytes_per_job']:,.0f} | {ratio['burn_wal_bytes_per_job']} |",
     ]
     for rate in rates:
         b, a = before[f"ingest_{rate}"], after[f"ingest_{rate}"]

@@ -242,6 +242,11 @@ def verify(result: dict[str, Any], expected: int, max_attempts: int = 1) -> dict
     }
 
 
+async def wal_position(connection: asyncpg.Connection) -> int:
+    """The server's WAL insert position, in bytes from the start (`pg_current_wal_lsn()`)."""
+    return int(await connection.fetchval("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
+
+
 async def completed_count(connection: asyncpg.Connection) -> int:
     """How many jobs are COMPLETED right now."""
     jobs = await jobs_relation(connection)

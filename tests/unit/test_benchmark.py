@@ -89,10 +89,9 @@ def test_compare_reports_medians_and_after_to_before_ratios() -> None:
     def side(jobs_per_s: float, cpu: float, p95: float) -> dict[str, Any]:
         step = {"p50_ms": p95 / 2, "p95_ms": p95, "failed": 0, "dropped": 1,
                 "cpu_us_per_request": {"server_total": cpu * 2}}  # fmt: skip
-        return {
-            "burn": {"jobs_per_s": jobs_per_s, "cpu_us_per_job": {"total": cpu}},
-            "ingest": [step],
-        }
+        burn = {"jobs_per_s": jobs_per_s, "cpu_us_per_job": {"total": cpu},
+                "wal_bytes_per_job": cpu * 10}  # fmt: skip
+        return {"burn": burn, "ingest": [step]}
 
     rounds = [
         {"before": side(1000, 200, 20), "after": side(1100, 150, 10)},
@@ -111,6 +110,8 @@ def test_compare_reports_medians_and_after_to_before_ratios() -> None:
     table = _table(summary, [800])
     assert "| submits 800/s: p95 ms (failed+dropped) | 30 (3) | 20 (3) |" in table
     assert "| 1.1 / 0.3 / 0.6 (median 0.6) |" in table
+    # WAL per job: medians 2,000 and 1,500 bytes.
+    assert "| WAL per job, bytes | 2,000 | 1,500 | 0.75 |" in table
 
 
 def test_cpu_per_accepted_request_leaves_the_load_generator_out_of_the_server_total() -> None:
