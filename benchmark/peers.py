@@ -22,6 +22,7 @@ from typing import Any
 
 import asyncpg
 
+from benchmark import database
 from benchmark.context import Context
 from benchmark.processes import cpu_per_job_us
 from infra.stack import ROOT
@@ -84,11 +85,20 @@ async def _enqueue(python: Path, peer: Peer, url: str, jobs: int) -> None:
         await connection.close()
 
 
+async def _wal_position(url: str) -> int:
+    connection = await asyncpg.connect(url)
+    try:
+        return await database.wal_position(connection)
+    finally:
+        await connection.close()
+
+
 async def burn(ctx: Context, python: Path, peer: Peer, jobs: int, within: float) -> dict[str, Any]:
     """One burn-down of `jobs` no-op jobs by `peer` on a fresh database. Returns `{peer, jobs,
-    processed, seconds, jobs_per_s, cpu_us_per_job, usage, verified}`; `verified.ok` when every
-    job ran once and the peer holds none unfinished. RuntimeError when the driver fails or
-    runs past `within` seconds."""
+    processed, seconds, jobs_per_s, cpu_us_per_job, wal_bytes_per_job, usage, verified}`
+    (`wal_bytes_per_job`: the server's WAL from "go" to the result, as jobq's burn-down
+    counts it); `verified.ok` when every job ran once and the peer holds none unfinished.
+    RuntimeError when the driver fails or runs past `within` seconds."""
     url = await ctx.database(f"peer_{peer.name}", migrated=False)
     ctx.progress.tick(f"{peer.name}: enqueue {jobs:,}", force=True)
     await _enqueue(python, peer, url, jobs)
@@ -103,6 +113,7 @@ async def burn(ctx: Context, python: Path, peer: Peer, jobs: int, within: float)
         if ready.strip() != b"ready":
             raise RuntimeError(f"{peer.name}: expected 'ready', got {ready!r}")
         meter = ctx.meter({peer.name.split("_")[0]: [process.pid]}, url).start()
+        wal = await _wal_position(url)
         process.stdin.write(b"go\n")
         await process.stdin.drain()
         started = time.monotonic()
@@ -116,6 +127,7 @@ async def burn(ctx: Context, python: Path, peer: Peer, jobs: int, within: float)
                     raise RuntimeError(f"{peer.name}: no result within {within}s") from None
                 ctx.progress.tick(f"{peer.name}: burning, {elapsed:.0f} s")
         usage = meter.stop()
+        wal = await _wal_position(url) - wal
         await process.wait()
     finally:
         if process.returncode is None:
@@ -139,6 +151,7 @@ async def burn(ctx: Context, python: Path, peer: Peer, jobs: int, within: float)
         "seconds": round(seconds, 3),
         "jobs_per_s": round(jobs / seconds, 1) if seconds > 0 else 0.0,
         "cpu_us_per_job": cpu_per_job_us(usage, jobs),
+        "wal_bytes_per_job": round(wal / jobs),
         "usage": usage,
         "verified": verified,
     }

@@ -36,6 +36,12 @@ def _row(
     }
 
 
+def _median_wal(rounds: list[dict[str, Any]]) -> float | None:
+    """The median of the rounds' `wal_bytes_per_job` (None when no round has it)."""
+    values = sorted(r["wal_bytes_per_job"] for r in rounds if r.get("wal_bytes_per_job"))
+    return values[len(values) // 2] if values else None
+
+
 def _burn_rows(results: dict[str, Any], shape: str) -> list[dict[str, Any]]:
     rounds = results["burn_rounds"]
     jobq = rounds["jobq"]["jobs_per_s"]
@@ -66,6 +72,19 @@ def _burn_rows(results: dict[str, Any], shape: str) -> list[dict[str, Any]]:
         )  # fmt: skip
     cpu = rounds["jobq"]["rounds"][-1]["cpu_us_per_job"].get("total")
     rows.append(_row("CPU per job, defaults (all classes, last round)", cpu, "µs"))
+    if "pgqueuer_b100" in rounds:
+        cpu = rounds["pgqueuer_b100"]["rounds"][-1]["cpu_us_per_job"].get("total")
+        rows.append(_row("CPU per job, pgqueuer b100 (its process and PostgreSQL, last round)",
+                         cpu, "µs"))  # fmt: skip
+    # WAL per job: PostgreSQL's work, in a figure the machine's speed does not move.
+    wal = {name: _median_wal(rounds[name]["rounds"]) for name in ("jobq", "pgqueuer_b100")
+           if name in rounds}  # fmt: skip
+    if wal.get("jobq") is not None:
+        rows.append(_row("WAL per job, defaults, median", wal["jobq"], "bytes",
+                         pgqueuer=_ratio(wal["jobq"], wal.get("pgqueuer_b100"))))  # fmt: skip
+    if wal.get("pgqueuer_b100") is not None:
+        rows.append(_row("WAL per job, pgqueuer b100, median", wal["pgqueuer_b100"], "bytes",
+                         pgqueuer=1.0))  # fmt: skip
     for name, label in (("pgqueuer_b100", "pgqueuer, batch 100"),
                         ("pgqueuer_b10", "pgqueuer, batch 10"),
                         ("procrastinate_c10", "procrastinate, concurrency 10")):  # fmt: skip

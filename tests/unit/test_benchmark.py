@@ -273,3 +273,28 @@ def test_the_statement_comparison_refuses_a_revision_with_other_migrations(
 def test_a_comparison_refuses_a_revision_that_names_no_commit() -> None:
     with pytest.raises(SystemExit, match="'nosuchrev' names no commit"):
         compare.checkout("nosuchrev")
+
+
+def test_burn_rows_put_wal_per_job_beside_pgqueuers() -> None:
+    from benchmark.report import _burn_rows
+
+    def rounds(jobs_per_s: float, wals: list[int | None]) -> dict[str, Any]:
+        each = [{"cpu_us_per_job": {"total": 100}, "wal_bytes_per_job": w} for w in wals]
+        return {"jobs_per_s": jobs_per_s, "rounds": each}
+
+    results = {
+        "burn_rounds": {
+            "jobq": rounds(9_000, [1_200, 1_210, 1_190]),
+            "pgqueuer_b100": rounds(10_000, [600, None, 605]),
+        },
+        "matrix": [],
+    }
+    rows = {r["figure"]: r for r in _burn_rows(results, "2x32")}
+    assert rows["WAL per job, defaults, median"]["value"] == 1_200
+    assert rows["WAL per job, pgqueuer b100, median"]["value"] == 605
+    assert rows["WAL per job, defaults, median"]["x_pgqueuer_b100"] == round(1_200 / 605, 2)
+    # A run from before the figure existed has no WAL row.
+    del results["burn_rounds"]["pgqueuer_b100"]
+    for each in results["burn_rounds"]["jobq"]["rounds"]:
+        del each["wal_bytes_per_job"]
+    assert not [f for f in (r["figure"] for r in _burn_rows(results, "2x32")) if "WAL" in f]
