@@ -36,36 +36,25 @@ _UNLEASED = sa.text("status <> 'PROCESSING'")
 _COLUMNS = ("status", "queue", "tenant")
 
 
-def upgrade() -> None:
+def _swap(build: str, where: sa.TextClause | None, drop: str) -> None:
+    """Build `<build><column>_id` for each listing column (partial when `where`), then drop
+    `<drop><column>_id`, neither blocking writes."""
     with op.get_context().autocommit_block():
         for column in _COLUMNS:
             op.create_index(
-                f"ix_job_unleased_{column}_id",
+                f"{build}{column}_id",
                 "job",
                 [column, sa.literal_column("id DESC")],
-                postgresql_where=_UNLEASED,
+                postgresql_where=where,
                 postgresql_concurrently=True,
             )
         for column in _COLUMNS:
-            op.drop_index(
-                f"ix_job_{column}_id",
-                table_name="job",
-                postgresql_concurrently=True,
-            )
+            op.drop_index(f"{drop}{column}_id", table_name="job", postgresql_concurrently=True)
+
+
+def upgrade() -> None:
+    _swap("ix_job_unleased_", _UNLEASED, "ix_job_")
 
 
 def downgrade() -> None:
-    with op.get_context().autocommit_block():
-        for column in _COLUMNS:
-            op.create_index(
-                f"ix_job_{column}_id",
-                "job",
-                [column, sa.literal_column("id DESC")],
-                postgresql_concurrently=True,
-            )
-        for column in _COLUMNS:
-            op.drop_index(
-                f"ix_job_unleased_{column}_id",
-                table_name="job",
-                postgresql_concurrently=True,
-            )
+    _swap("ix_job_", None, "ix_job_unleased_")
