@@ -6,7 +6,8 @@ samples the queue service and every worker with py-spy (`--rate` Hz for `--secon
 starting half a second after the gate opens; only while a thread holds the GIL, so waiting in
 epoll is not counted) and reads each process class's CPU time
 (psutil, `benchmark.processes`: PostgreSQL's backends of the benchmark database included,
-which py-spy cannot see). Prints, per process class, CPU microseconds per job and the frames
+which py-spy cannot see). Prints, per process class, CPU microseconds per job, where one
+worker's claim cycle goes (`claim_cycle`, from the queue service's own metrics), and the frames
 with the most samples (their own, and including what they call), and writes the whole
 summary to `.jobq/profile-<stamp>/profile.json` beside py-spy's raw files, so the next
 person sees where the time goes without setting up a profiler (issue 17's "profile first").
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmark import database
 from benchmark.burndown import prepare_backlog, wait_completed
@@ -92,6 +95,7 @@ async def profile(
             classes = stack_pids(stack, "queue", "workers")
             own = frozenset({connection.get_server_pid(), gate.get_server_pid()})
             meter = ctx.meter(classes, url, own).start()
+            timings = await claim_timings(stack.queue)
             await hold.commit()
             await gate.close()
             await asyncio.sleep(0.5)
@@ -107,6 +111,7 @@ async def profile(
                 for spy in spies.values():
                     spy.wait(timeout=seconds + 30)
             window = await database.burn_window(connection)
+            timings = _minus(await claim_timings(stack.queue), timings)
         finally:
             await connection.close()
             stack.stop()
@@ -124,7 +129,60 @@ async def profile(
         },
         "jobs_per_s": round(jobs / window, 1) if window > 0 else 0.0,
         "cpu_us_per_job": cpu_per_job_us(usage, jobs),
+        "claim_cycle": claim_cycle(timings, window, replicas),
         "processes": {name: summarise(out / f"{name}.txt") for name in spies},
+    }
+
+
+_CLAIM_ROUTE = {"method": "POST", "path": "/jobs/next"}
+
+
+async def claim_timings(queue_url: str) -> dict[str, float]:
+    """The queue service's running totals for claims, from its `/metrics`: `requests` and
+    `request_seconds` (`POST /jobs/next`, from its arrival to its response) and `statements`
+    and `statement_seconds` (`jobq_claim_duration_seconds`: the claim statements, a free
+    connection included)."""
+    async with httpx.AsyncClient() as client:
+        response = await client.get(f"{queue_url}/metrics", timeout=10)
+    response.raise_for_status()
+    totals = dict.fromkeys(("requests", "request_seconds", "statements", "statement_seconds"), 0.0)
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if family.name == "jobq_http_request_duration_seconds":
+                if _CLAIM_ROUTE.items() <= sample.labels.items():
+                    if sample.name.endswith("_count"):
+                        totals["requests"] += sample.value
+                    elif sample.name.endswith("_sum"):
+                        totals["request_seconds"] += sample.value
+            elif family.name == "jobq_claim_duration_seconds":
+                if sample.name.endswith("_count"):
+                    totals["statements"] += sample.value
+                elif sample.name.endswith("_sum"):
+                    totals["statement_seconds"] += sample.value
+    return totals
+
+
+def _minus(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {key: after[key] - before.get(key, 0.0) for key in after}
+
+
+def claim_cycle(timings: dict[str, float], window: float, replicas: int) -> dict[str, float]:
+    """Where one worker's claim cycle goes, in milliseconds: `cycle` (the burn's window over
+    each worker's claims: one claim's request, the jobs it brought and the next claim's
+    start), of which `in_queue_service` (from the request's arrival to its response) and,
+    within that, `statement` (the ack-and-claim statement); `outside` is the rest (the
+    worker's own work and both directions on the sockets). {} when no claim was counted."""
+    requests, statements = timings.get("requests", 0.0), timings.get("statements", 0.0)
+    if requests <= 0 or statements <= 0 or window <= 0:
+        return {}
+    cycle = window * replicas / requests * 1000
+    server = timings["request_seconds"] / requests * 1000
+    return {
+        "claims": int(requests),
+        "cycle_ms": round(cycle, 3),
+        "in_queue_service_ms": round(server, 3),
+        "statement_ms": round(timings["statement_seconds"] / statements * 1000, 3),
+        "outside_ms": round(cycle - server, 3),
     }
 
 
@@ -143,6 +201,13 @@ def report(document: dict[str, Any]) -> str:
         f"{document['jobs_per_s']:,} jobs/s; CPU µs per job: "
         + ", ".join(f"{klass} {value}" for klass, value in cpu.items()),
     ]
+    cycle = document.get("claim_cycle")
+    if cycle:
+        lines.append(
+            f"one worker's claim cycle {cycle['cycle_ms']} ms ({cycle['claims']:,} claims): "
+            f"{cycle['in_queue_service_ms']} ms in the queue service, of which "
+            f"{cycle['statement_ms']} ms the statement; {cycle['outside_ms']} ms outside it"
+        )
     for name, frames in document["processes"].items():
         lines.append(f"\n{name} ({frames['samples']} samples)")
         for kind in ("own", "inclusive"):
