@@ -211,7 +211,7 @@ bench-soak: install ## Soak (~MINUTES per side): 1,000 jobs/s drained, retention
 
 PROFILE_ARGS ?=
 .PHONY: profile
-profile: install ## One burn-down with py-spy on the queue service and workers: CPU µs per job by process, top frames [PROFILE_ARGS="--jobs 150000"]
+profile: install ## One burn-down with py-spy on the queue service and workers: CPU µs per job by process, a worker's claim cycle split, top frames [PROFILE_ARGS="--jobs 150000"]
 	$(BIN)/python -m benchmark.profile $(PROFILE_ARGS)
 
 .PHONY: clean
