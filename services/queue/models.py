@@ -154,7 +154,7 @@ class Job(Base):
         ),
         # The listings' indexes leave leased jobs out: a claim's UPDATE is not HOT, and would
         # otherwise add an entry to each for every job claimed. Listings read PROCESSING rows
-        # (at most one per worker slot) by ix_job_reaper (JobRepository.list_jobs).
+        # (at most one per worker slot) by ix_job_reaper (repository.listing_statement).
         Index("ix_job_unleased_status_id", "status", text("id DESC"), postgresql_where=UNLEASED),
         Index("ix_job_unleased_queue_id", "queue", text("id DESC"), postgresql_where=UNLEASED),
         # Idempotency keys are unique per tenant; jobs without one (most) stay out of the

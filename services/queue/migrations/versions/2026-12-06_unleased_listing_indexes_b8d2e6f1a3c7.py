@@ -10,9 +10,8 @@ predicates), so it inserted a new entry into each of the three for every job cla
 the five index insertions a claim made, for rows that stay PROCESSING for the length of one
 run. They are replaced by the same indexes without PROCESSING rows (`WHERE status <>
 'PROCESSING'`); listings read PROCESSING rows, at most one per worker slot, through
-`ix_job_reaper` (`JobRepository.list_jobs`). A 2 x 32 burn-down ran 10 % faster without the
-status index alone and 19 % without all three (benchmark/README.md, "Where the time goes: a
-claim's index entries").
+`ix_job_reaper` (`repository.listing_statement`). A 2 x 32 burn-down writes a fifth less WAL
+per job (benchmark/README.md, "Where the time goes: a claim's index entries").
 
 Expand/contract: the new indexes are built without blocking writes (CREATE INDEX CONCURRENTLY)
 before the old ones are dropped (DROP INDEX CONCURRENTLY). The previous release's listings
