@@ -66,6 +66,8 @@ async def test_upgrade_check_downgrade_upgrade(
             "pk_job",
         } <= indexes
         assert "uq_job_idempotency_key" not in indexes, "keys are unique per tenant now"
+        full = {"ix_job_status_id", "ix_job_queue_id", "ix_job_tenant_id"}
+        assert not full & indexes, "the listing indexes leave leased jobs out now"
     finally:
         await _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
