@@ -73,14 +73,32 @@ def summarise(raw: Path, top: int = TOP) -> dict[str, Any]:
 
 
 async def profile(
-    jobs: int, replicas: int, slots: int, seconds: int, rate: int, out: Path
+    jobs: int,
+    replicas: int,
+    slots: int,
+    seconds: int,
+    rate: int,
+    out: Path,
+    synchronous_commit: bool = True,
 ) -> dict[str, Any]:
-    """One profiled burn-down; the summary document (see the module docstring)."""
+    """One profiled burn-down; the summary document (see the module docstring). Without
+    `synchronous_commit`, the benchmark's database commits without waiting for its WAL to
+    reach the disk (`ALTER DATABASE … SET synchronous_commit = off`): not a setting for jobq
+    (a crash would undo settles already answered), a measure of what the flush costs the
+    claim cycle."""
     progress = Progress(total=1)
     ctx = Context(ensure_postgres(), ensure_redis().rstrip("/") + "/13", out / "logs", progress)
     await ctx.setup()
     try:
         url = await ctx.database("profile")
+        if not synchronous_commit:
+            admin = await asyncpg.connect(url)
+            try:
+                await admin.execute(
+                    "ALTER DATABASE jobq_bench_profile SET synchronous_commit = off"
+                )
+            finally:
+                await admin.close()
         stack = ctx.stack("profile", url, workers=replicas)
         await stack.start(workers=0)
         connection = await asyncpg.connect(url)
@@ -126,6 +144,7 @@ async def profile(
             "slots": slots,
             "seconds": seconds,
             "rate_hz": rate,
+            "synchronous_commit": synchronous_commit,
         },
         "jobs_per_s": round(jobs / window, 1) if window > 0 else 0.0,
         "cpu_us_per_job": cpu_per_job_us(usage, jobs),
@@ -197,9 +216,11 @@ def report(document: dict[str, Any]) -> str:
     """The summary as text: throughput and CPU per job by class, then each process's top
     frames (percent of its samples)."""
     cpu = document["cpu_us_per_job"]
+    unflushed = not document["settings"].get("synchronous_commit", True)
     lines = [
         f"{document['jobs_per_s']:,} jobs/s; CPU µs per job: "
-        + ", ".join(f"{klass} {value}" for klass, value in cpu.items()),
+        + ", ".join(f"{klass} {value}" for klass, value in cpu.items())
+        + ("; synchronous_commit off" if unflushed else ""),
     ]
     cycle = document.get("claim_cycle")
     if cycle:
@@ -224,6 +245,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slots", type=int, default=32, help="WORKER_CONCURRENCY of each")
     parser.add_argument("--seconds", type=int, default=10, help="py-spy sampling time")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument(
+        "--synchronous-commit",
+        choices=("on", "off"),
+        default="on",
+        help="off: commit without waiting for the WAL flush, to measure what it costs",
+    )
     args = parser.parse_args(argv)
     for name in ("jobs", "replicas", "slots", "seconds", "rate"):
         if getattr(args, name) < 1:
@@ -233,7 +260,15 @@ def main(argv: list[str] | None = None) -> None:
     out = ROOT / ".jobq" / f"profile-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     out.mkdir(parents=True)
     document = asyncio.run(
-        profile(args.jobs, args.replicas, args.slots, args.seconds, args.rate, out)
+        profile(
+            args.jobs,
+            args.replicas,
+            args.slots,
+            args.seconds,
+            args.rate,
+            out,
+            args.synchronous_commit == "on",
+        )
     )
     path = out / "profile.json"
     path.write_text(json.dumps(document, indent=1) + "\n")
