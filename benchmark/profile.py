@@ -23,6 +23,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -113,7 +114,6 @@ async def profile(
             classes = stack_pids(stack, "queue", "workers")
             own = frozenset({connection.get_server_pid(), gate.get_server_pid()})
             meter = ctx.meter(classes, url, own).start()
-            timings = await claim_timings(stack.queue)
             await hold.commit()
             await gate.close()
             await asyncio.sleep(0.5)
@@ -122,14 +122,23 @@ async def profile(
                 for klass, pids in classes.items()
                 for index, pid in enumerate(pids)
             }
+            # The claim cycle over the sampled seconds, while the backlog lasts: the first
+            # claims (which waited at the gate) and the last (on a drained queue) left out.
+            timings, since = await claim_timings(stack.queue), time.monotonic()
+            done = asyncio.ensure_future(
+                wait_completed(connection, jobs, progress, "profile", 900, stack)
+            )
             try:
-                await wait_completed(connection, jobs, progress, "profile", 900, stack)
+                await asyncio.wait({done}, timeout=seconds)
+                timings = _minus(await claim_timings(stack.queue), timings)
+                sampled = time.monotonic() - since
+                await done
             finally:
+                done.cancel()
                 usage = meter.stop()
                 for spy in spies.values():
                     spy.wait(timeout=seconds + 30)
             window = await database.burn_window(connection)
-            timings = _minus(await claim_timings(stack.queue), timings)
         finally:
             await connection.close()
             stack.stop()
@@ -148,7 +157,7 @@ async def profile(
         },
         "jobs_per_s": round(jobs / window, 1) if window > 0 else 0.0,
         "cpu_us_per_job": cpu_per_job_us(usage, jobs),
-        "claim_cycle": claim_cycle(timings, window, replicas),
+        "claim_cycle": claim_cycle(timings, sampled, replicas),
         "processes": {name: summarise(out / f"{name}.txt") for name in spies},
     }
 
@@ -186,10 +195,11 @@ def _minus(after: dict[str, float], before: dict[str, float]) -> dict[str, float
 
 
 def claim_cycle(timings: dict[str, float], window: float, replicas: int) -> dict[str, float]:
-    """Where one worker's claim cycle goes, in milliseconds: `cycle` (the burn's window over
-    each worker's claims: one claim's request, the jobs it brought and the next claim's
-    start), of which `in_queue_service` (from the request's arrival to its response) and,
-    within that, `statement` (the ack-and-claim statement); `outside` is the rest (the
+    """Where one worker's claim cycle goes, in milliseconds, from the queue service's totals
+    over `window` seconds (`claim_timings` at its start and end, subtracted): `cycle` (the
+    window over each worker's claims: one claim's request, the jobs it brought and the next
+    claim's start), of which `in_queue_service` (from the request's arrival to its response)
+    and, within that, `statement` (the ack-and-claim statement); `outside` is the rest (the
     worker's own work and both directions on the sockets). {} when no claim was counted."""
     requests, statements = timings.get("requests", 0.0), timings.get("statements", 0.0)
     if requests <= 0 or statements <= 0 or window <= 0:
