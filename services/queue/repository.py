@@ -38,6 +38,7 @@ from tenacity import (
 
 from common.contracts import (
     ERRORS_HISTORY_MAX,
+    FINISHED_STATUSES,
     ConcurrencyLimit,
     ErrorEntry,
     JobProgress,
@@ -1292,31 +1293,49 @@ FROM promoted GROUP BY queue
 """
 
 
-def listing_statement(conditions: Sequence[str], full: bool, limit_at: int, bytes_at: int) -> str:
+def listing_statement(
+    conditions: Sequence[str],
+    full: bool,
+    limit_at: int,
+    bytes_at: int,
+    status: JobStatus | None = None,
+) -> str:
     """The statement of `JobRepository.list_jobs`: jobs matching every SQL condition of
-    `conditions` (`status = $1`, `id < $2`, …), newest first, at most `$<limit_at>` of them
-    and at most `$<bytes_at>` bytes of JSON (the first always), each with the count of the
-    page before the byte cut (`total`).
+    `conditions` (`status = $1`, `id < $2`, …; `status` names the status the conditions ask
+    for, if any), newest first, at most `$<limit_at>` of them and at most `$<bytes_at>` bytes
+    of JSON (the first always), each with the count of the page before the byte cut
+    (`total`).
 
-    The page is the newest of three walks, each stopped at the limit: `job` without its
+    The page is the newest of up to three walks, each stopped at the limit: `job` without its
     leased rows (`ix_job_unleased_status_id`, `…_queue_id`, `…_tenant_id` or the primary
     key, backwards), the leased rows (`ix_job_reaper`, at most one per worker slot, sorted)
-    and `job_history`. They are walked apart because a view's branch with a WHERE clause is
-    planned without the page's order and limit, and would read the table."""
+    and `job_history`; a walk that cannot hold the asked status is left out (a generic plan
+    cannot see that `status <> 'PROCESSING' AND status = $1` is empty for PROCESSING, and
+    would walk the primary key through every other row). They are walked apart because a
+    view's branch with a WHERE clause is planned without the page's order and limit, and
+    would read the table."""
     columns = _SUMMARY_COLUMNS + (", payload, errors, result" if full else "")
     where = " AND ".join(conditions) or "true"
-    # The leased rows are found first and sorted after (OFFSET 0 keeps the order out of
-    # their walk): walked backwards by the primary key, filtering them out of a backlog,
-    # they would read all of `job` whenever fewer than a page are leased, as is usual.
-    walks = f"""
-    (SELECT {columns} FROM job WHERE status <> 'PROCESSING' AND {where}
-     ORDER BY id DESC LIMIT ${limit_at})
-    UNION ALL
-    (SELECT {columns} FROM (SELECT {columns} FROM job
-                           WHERE status = 'PROCESSING' AND {where} OFFSET 0) AS leased
-     ORDER BY id DESC LIMIT ${limit_at})
-    UNION ALL
-    (SELECT {columns} FROM job_history WHERE {where} ORDER BY id DESC LIMIT ${limit_at})"""
+    walks = []
+    if status is not JobStatus.PROCESSING:
+        walks.append(
+            f"(SELECT {columns} FROM job WHERE status <> 'PROCESSING' AND {where}"
+            f" ORDER BY id DESC LIMIT ${limit_at})"
+        )
+    if status in (None, JobStatus.PROCESSING):
+        # Found first and sorted after (OFFSET 0 keeps the order out of their walk): walked
+        # backwards by the primary key, filtering them out of a backlog, they would read all
+        # of `job` whenever fewer than a page are leased, as is usual.
+        walks.append(
+            f"(SELECT {columns} FROM (SELECT {columns} FROM job"
+            f" WHERE status = 'PROCESSING' AND {where} OFFSET 0) AS leased"
+            f" ORDER BY id DESC LIMIT ${limit_at})"
+        )
+    if status is None or status in FINISHED_STATUSES:
+        walks.append(
+            f"(SELECT {columns} FROM job_history WHERE {where} ORDER BY id DESC LIMIT ${limit_at})"
+        )
+    walks_sql = " UNION ALL ".join(walks)
     # A running sum of each row's JSON size (an upper bound) keeps the prefix that fits; the
     # first row always does. The big columns of rows past the cut are never sent.
     return f"""
@@ -1324,7 +1343,7 @@ SELECT {columns}, total FROM (
     SELECT {columns}, count(*) OVER () AS total, row_number() OVER w AS n,
            sum(bytes) OVER w AS running
     FROM (SELECT {columns}, {_listed_bytes(full)} AS bytes
-          FROM (SELECT {columns} FROM ({walks}) AS walks
+          FROM (SELECT {columns} FROM ({walks_sql}) AS walks
                 ORDER BY id DESC LIMIT ${limit_at}) AS newest) AS page
     WINDOW w AS (ORDER BY id DESC ROWS UNBOUNDED PRECEDING)
 ) AS sized
@@ -2228,7 +2247,7 @@ class JobRepository:
                 operator = "" if column.endswith("<") else " ="
                 conditions.append(f"{column}{operator} ${len(args)}")
         args += [limit, max_bytes]
-        statement = listing_statement(conditions, full, len(args) - 1, len(args))
+        statement = listing_statement(conditions, full, len(args) - 1, len(args), status)
         rows = await self._fetch(statements.named("list_jobs", statement), *args)
         cut = bool(rows) and rows[0]["total"] > len(rows)
         return [_to_listed(row, full) for row in rows], cut

@@ -292,16 +292,17 @@ async def test_listings_walk_indexes_and_leased_jobs_stay_out_of_the_listing_ind
                 " AND indexname LIKE 'ix_job_unleased_%'"
             )
         )
+        leased_only, pending = JobStatus.PROCESSING, JobStatus.PENDING
         cases = {
-            "all": ([], "NULL"),
-            "status": (["status = $1"], "'PROCESSING'"),
-            "queue": (["queue = $1", "id < $2"], "'default', gen_random_uuid()"),
-            "tenant+status": (["tenant = $1", "status = $2"], "'default', 'PENDING'"),
+            "all": ([], "NULL", None),
+            "status": (["status = $1"], "'PROCESSING'", leased_only),
+            "queue": (["queue = $1", "id < $2"], "'default', gen_random_uuid()", None),
+            "tenant+status": (["tenant = $1", "status = $2"], "'default', 'PENDING'", pending),
         }
         plans = {}
-        for name, (conditions, args) in cases.items():
+        for name, (conditions, args, status) in cases.items():
             at = len(conditions) + 1
-            statement = listing_statement(conditions, False, at, at + 1)
+            statement = listing_statement(conditions, False, at, at + 1, status)
             plans[name] = await _generic_plan(
                 connection, statement, f"{args + ', ' if conditions else ''}50, 1000000"
             )
@@ -313,8 +314,16 @@ async def test_listings_walk_indexes_and_leased_jobs_stay_out_of_the_listing_ind
         assert "WHERE ((status)::text <> 'PROCESSING'::text)" in definition, definition
     for name, plan in plans.items():
         assert "Seq Scan on job " not in plan, f"{name}:\n{plan}"
-        assert "ix_job_reaper" in plan, f"{name}:\n{plan}"
+    for name in ("all", "status", "queue"):
+        assert "ix_job_reaper" in plans[name], f"{name}:\n{plans[name]}"
     assert "ix_job_unleased_queue_id" in plans["queue"], plans["queue"]
+    # A walk that cannot hold the asked status is left out: leased jobs are never walked for
+    # through the others (a generic plan would walk the primary key through all of them),
+    # waiting ones are never looked for in the history or among the leased.
+    assert "pk_job " not in plans["status"] and "ix_job_unleased" not in plans["status"]
+    assert "job_history" not in plans["status"], plans["status"]
+    assert "ix_job_reaper" not in plans["tenant+status"], plans["tenant+status"]
+    assert "job_history" not in plans["tenant+status"], plans["tenant+status"]
     # A tenant's queue counts find its leased jobs by the reaper's index (its waiting ones, all
     # of this table here, are counted by a scan of it).
     assert "ix_job_reaper" in counts, counts
