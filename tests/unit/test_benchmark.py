@@ -315,3 +315,18 @@ def test_claim_cycle_splits_a_workers_cycle_by_the_queue_services_own_timings() 
         "outside_ms": 3.5,
     }
     assert claim_cycle({**timings, "requests": 0}, 2.5, 2) == {}
+
+
+def test_profile_report_names_the_flush_the_stack_ran_with() -> None:
+    from benchmark.profile import report
+
+    cycle = {"claims": 10, "cycle_ms": 5.0, "in_queue_service_ms": 3.0, "statement_ms": 2.5,
+             "outside_ms": 2.0}  # fmt: skip
+    document = {"jobs_per_s": 1.0, "cpu_us_per_job": {"total": 1}, "claim_cycle": cycle,
+                "settings": {"synchronous_commit": True}, "processes": {},
+                "server": {"fsync": "on", "synchronous_commit": "on"}}  # fmt: skip
+    text = report(document)
+    assert "fsync on, synchronous_commit on" in text and "costs nothing" not in text
+    assert "2.00 ms outside the queue service" in text
+    document["server"] = {"fsync": "off", "synchronous_commit": "off"}
+    assert "this server runs without fsync" in report(document)
