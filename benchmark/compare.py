@@ -48,6 +48,7 @@ from benchmark.context import Context, stack_pids
 from benchmark.machine import load_average
 from benchmark.presets import DEFAULT_SHAPE
 from benchmark.progress import Progress
+from benchmark.scrape import sample_total
 from infra.servers import ensure_postgres, ensure_redis
 from infra.stack import ROOT, LocalStack
 
@@ -138,13 +139,9 @@ async def _jobs_per_claim(queue_url: str) -> float | None:
     from its /metrics): equal on both sides unless a change altered how workers claim."""
     async with httpx.AsyncClient(timeout=5) as client:
         text = (await client.get(f"{queue_url}/metrics")).text
-    values = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in ("jobq_claim_batch_size_sum", "jobq_claim_batch_size_count"):
-            values[name] = float(value)
-    count = values.get("jobq_claim_batch_size_count", 0.0)
-    return round(values["jobq_claim_batch_size_sum"] / count, 2) if count else None
+    name = "jobq_claim_batch_size"
+    count = sample_total(text, name, f"{name}_count")
+    return round(sample_total(text, name, f"{name}_sum") / count, 2) if count else None
 
 
 async def _ingest(

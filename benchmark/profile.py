@@ -31,13 +31,13 @@ from typing import Any
 
 import asyncpg
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from benchmark import database
 from benchmark.burndown import prepare_backlog, wait_completed
 from benchmark.context import Context, stack_pids
 from benchmark.processes import cpu_per_job_us
 from benchmark.progress import Progress
+from benchmark.scrape import sample_total
 from infra.servers import ensure_postgres, ensure_redis
 from infra.stack import ROOT
 
@@ -93,13 +93,9 @@ async def profile(
     try:
         url = await ctx.database("profile")
         if not synchronous_commit:
-            admin = await asyncpg.connect(url)
-            try:
-                await admin.execute(
-                    "ALTER DATABASE jobq_bench_profile SET synchronous_commit = off"
-                )
-            finally:
-                await admin.close()
+            await database.admin_execute(
+                ctx.base_url, "ALTER DATABASE jobq_bench_profile SET synchronous_commit = off"
+            )
         stack = ctx.stack("profile", url, workers=replicas)
         await stack.start(workers=0)
         connection = await asyncpg.connect(url)
@@ -180,21 +176,14 @@ async def claim_timings(queue_url: str) -> dict[str, float]:
     async with httpx.AsyncClient() as client:
         response = await client.get(f"{queue_url}/metrics", timeout=10)
     response.raise_for_status()
-    totals = dict.fromkeys(("requests", "request_seconds", "statements", "statement_seconds"), 0.0)
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            if family.name == "jobq_http_request_duration_seconds":
-                if _CLAIM_ROUTE.items() <= sample.labels.items():
-                    if sample.name.endswith("_count"):
-                        totals["requests"] += sample.value
-                    elif sample.name.endswith("_sum"):
-                        totals["request_seconds"] += sample.value
-            elif family.name == "jobq_claim_duration_seconds":
-                if sample.name.endswith("_count"):
-                    totals["statements"] += sample.value
-                elif sample.name.endswith("_sum"):
-                    totals["statement_seconds"] += sample.value
-    return totals
+    text = response.text
+    http, claim = "jobq_http_request_duration_seconds", "jobq_claim_duration_seconds"
+    return {
+        "requests": sample_total(text, http, f"{http}_count", **_CLAIM_ROUTE),
+        "request_seconds": sample_total(text, http, f"{http}_sum", **_CLAIM_ROUTE),
+        "statements": sample_total(text, claim, f"{claim}_count"),
+        "statement_seconds": sample_total(text, claim, f"{claim}_sum"),
+    }
 
 
 def _minus(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:

@@ -4,6 +4,7 @@ table in benchmark/README.md (between the `results:begin`/`results:end` markers)
 from __future__ import annotations
 
 from pathlib import Path
+from statistics import median_high
 from typing import Any
 
 README = Path(__file__).parent / "README.md"
@@ -37,9 +38,9 @@ def _row(
 
 
 def _median_wal(rounds: list[dict[str, Any]]) -> float | None:
-    """The median of the rounds' `wal_bytes_per_job` (None when no round has it)."""
-    values = sorted(r["wal_bytes_per_job"] for r in rounds if r.get("wal_bytes_per_job"))
-    return values[len(values) // 2] if values else None
+    """The (high) median of the rounds' `wal_bytes_per_job` (None when no round has it)."""
+    values = [r["wal_bytes_per_job"] for r in rounds if r.get("wal_bytes_per_job")]
+    return median_high(values) if values else None
 
 
 def _burn_rows(results: dict[str, Any], shape: str) -> list[dict[str, Any]]:

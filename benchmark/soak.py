@@ -66,6 +66,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmark import RESULTS, database
 from benchmark.compare import checkout
 from benchmark.database import migrated_database
+from benchmark.scrape import sample_total
 from infra.servers import ensure_postgres, ensure_redis
 from infra.stack import ROOT, LocalStack
 
@@ -106,16 +107,7 @@ def _buckets(text: str, name: str) -> dict[float, float]:
 
 def _counter(text: str, name: str, **labels: str) -> float:
     """Sum of counter `name`'s samples whose labels include `labels`."""
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        if family.name != name:
-            continue
-        for sample in family.samples:
-            if sample.name.endswith("_total") and all(
-                sample.labels.get(k) == v for k, v in labels.items()
-            ):
-                total += sample.value
-    return total
+    return sample_total(text, name, f"{name}_total", **labels)
 
 
 def quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:

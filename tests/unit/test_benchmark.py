@@ -330,3 +330,24 @@ def test_profile_report_names_the_flush_the_stack_ran_with() -> None:
     assert "2.00 ms outside the queue service" in text
     document["server"] = {"fsync": "off", "synchronous_commit": "off"}
     assert "this server runs without fsync" in report(document)
+
+
+def test_sample_total_sums_one_samples_name_over_the_labels_asked_for() -> None:
+    from benchmark.scrape import sample_total
+
+    text = "\n".join([
+        "# TYPE h histogram",
+        'h_bucket{path="/a",le="+Inf"} 3.0',
+        'h_count{path="/a"} 3.0',
+        'h_sum{path="/a"} 0.5',
+        'h_bucket{path="/b",le="+Inf"} 4.0',
+        'h_count{path="/b"} 4.0',
+        'h_sum{path="/b"} 1.0',
+        "# TYPE c_total counter",
+        'c_total{outcome="success"} 7.0',
+        "",
+    ])  # fmt: skip
+    assert sample_total(text, "h", "h_count") == 7.0
+    assert sample_total(text, "h", "h_sum", path="/a") == 0.5
+    assert sample_total(text, "c", "c_total", outcome="success") == 7.0
+    assert sample_total(text, "c", "c_total", outcome="failure") == 0.0
