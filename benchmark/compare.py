@@ -319,10 +319,11 @@ async def _span_sink() -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-def head_revision() -> str:
-    """This checkout's commit as `git describe --always --dirty` names it."""
+def head_revision(root: Path = ROOT) -> str:
+    """The commit of the work tree at `root` (this checkout by default) as `git describe
+    --always --dirty` names it: `-dirty` when its files differ from the commit."""
     head = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
+        ["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True
     )
     return head.stdout.strip()
 

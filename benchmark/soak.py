@@ -64,7 +64,7 @@ import matplotlib.pyplot as plt
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmark import RESULTS, database
-from benchmark.compare import checkout
+from benchmark.compare import checkout, head_revision
 from benchmark.database import migrated_database
 from benchmark.scrape import sample_total
 from infra.servers import ensure_postgres, ensure_redis
@@ -515,10 +515,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _run_sides(args: argparse.Namespace) -> dict[str, Any]:
-    sides = []
+    roots = [("after", args.services_from.resolve())]
     if args.before:
-        sides.append(await run_side(args, "before", checkout(args.before)))
-    sides.append(await run_side(args, "after", args.services_from.resolve()))
+        roots.insert(0, ("before", checkout(args.before)))
+    sides = []
+    for name, root in roots:
+        side = await run_side(args, name, root)
+        side["revision"] = head_revision(root)
+        sides.append(side)
     stamp = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     document = {
         "benchmark": "soak",
