@@ -1380,9 +1380,6 @@ GROUP BY queue, status
 
 _DEPTH = depth_statement()
 
-# Finished rows a release before the history left in `job` (a rollout), moved $1 at a time,
-# oldest first, by ix_job_retention (statuses as literals inside its predicate, so a generic
-# plan can prove the index applies). services/queue/history.py runs it.
 # Expired idempotency keys, 500 per statement, oldest first; a key a submit is taking over at
 # this moment is locked and skipped, and the outer WHERE re-checks the expiry as it is now.
 # The literal LIMIT lets the plan join the 500 picked keys by primary key.
@@ -1399,6 +1396,9 @@ WITH expired AS (
 SELECT count(*) AS forgotten FROM forgotten
 """
 
+# Finished rows a release before the history left in `job` (a rollout), moved $1 at a time,
+# oldest first, by ix_job_retention (statuses as literals inside its predicate, so a generic
+# plan can prove the index applies). services/queue/history.py runs it.
 SWEEP_STATEMENT = f"""
 WITH finished AS (
     DELETE FROM job WHERE id = ANY(ARRAY(

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -237,3 +238,44 @@ def test_without_redis_the_cache_gauge_is_not_exported() -> None:
     text = generate_latest(registry).decode()
     assert "jobq_depth_refresh_timestamp_seconds" in text
     assert "jobq_depth_cache_write_timestamp_seconds" not in text
+
+
+async def test_a_dead_letter_in_the_history_still_counts_in_depth_and_the_gauge(
+    client: httpx.AsyncClient, clean_database: str
+) -> None:
+    """A dead-lettered job leaves `job` for `job_history_dead` in the statement that settles
+    it; `GET /queues` and `jobq_jobs{status="DEAD_LETTER"}` (which the JobqDeadLettersGrowing
+    alert reads) must still count it."""
+    job_id = (
+        await client.post("/jobs", json={"taskType": "x", "payload": {}, "queue": "dlq-depth"})
+    ).json()["jobId"]
+    claimed = (
+        await client.post("/jobs/next", json={"worker": "w", "queues": ["dlq-depth"]})
+    ).json()["jobs"][0]
+    failed = await client.post(
+        f"/jobs/{job_id}/fail",
+        json={"receiptHandle": claimed["receiptHandle"], "error": "boom", "retryable": False},
+    )
+    assert failed.status_code == 200, failed.text
+    assert failed.json()["status"] == "DEAD_LETTER"
+    connection = await asyncpg.connect(clean_database)
+    try:
+        live = await connection.fetchval("SELECT count(*) FROM job WHERE id = $1", job_id)
+        historic = await connection.fetchval(
+            "SELECT count(*) FROM job_history_dead WHERE id = $1", job_id
+        )
+    finally:
+        await connection.close()
+    assert (live, historic) == (0, 1)
+
+    async def counted() -> tuple[Any, bool]:
+        queues = (await client.get("/queues")).json()["queues"]
+        entry = next((q for q in queues if q["queue"] == "dlq-depth"), {})
+        metrics = (await client.get("/metrics")).text
+        return entry.get("deadLetter"), (
+            'jobq_jobs{queue="dlq-depth",status="DEAD_LETTER"} 1.0' in metrics
+        )
+
+    await eventually(
+        counted, lambda seen: seen == (1, True), what="the historic dead letter counted"
+    )
