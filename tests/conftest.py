@@ -30,6 +30,7 @@ from common.web.serving import ServerLimits, server_config
 from infra import servers
 from infra.servers import ServerUnavailable, ensure_postgres, ensure_redis
 from infra.stack import ROOT, free_port
+from infra.tools import ToolUnavailable, ensure_pg_partman
 from services.queue.repository import JobRepository, create_pool
 from services.queue.settings import async_database_url
 
@@ -87,6 +88,18 @@ async def database_url(postgres_base: str, template_database: str) -> AsyncItera
         yield url
     finally:
         await _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_partman(postgres_base: str) -> str:
+    """The version of the pg_partman extension the test server offers (e.g. "4.7.2"), made
+    available by `infra.tools.ensure_pg_partman` (Debian's postgresql-<major>-partman, as
+    root) when it is not. A test *failure* saying what to install when it cannot be, never a
+    skip. Creating the extension in a database is the test's own business."""
+    try:
+        return ensure_pg_partman(f"{postgres_base}/postgres")
+    except (ToolUnavailable, OSError, asyncpg.PostgresError) as exc:
+        pytest.fail(f"the pg_partman tests need the extension: {exc}", pytrace=False)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import redis.asyncio as aioredis
 from alembic.config import Config
 from alembic.script import ScriptDirectory
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from common import contracts, operations
 from common.contracts import REQUEST_BODY_MAX_BYTES
+from common.errors import JobqError
 from common.web.access import token_check
 from common.web.app import (
     exception_handlers,
@@ -174,6 +176,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             settings.queue_history_partition,
             settings.queue_retention,
             settings.queue_dead_letter_retention,
+            settings.queue_partition_manager,
         )
         operator = Operator(
             repository,
@@ -191,6 +194,14 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         )
         loops: list[asyncio.Task[None]] = []
         try:
+            try:
+                # Logs which manager runs the partitions; refuses to start when pg_partman is
+                # required and missing. An unreachable database is decided at the first pass.
+                await history.start()
+            except (JobqError, OSError, asyncpg.PostgresError) as exc:
+                logger.warning(
+                    "history: partition manager not decided yet (%s): at the first pass", exc
+                )
             async with asyncio.TaskGroup() as tasks:
                 loops.append(
                     tasks.create_task(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
 
 from common.contracts import (
     DEFAULT_IDEMPOTENCY_WINDOW,
@@ -80,6 +82,10 @@ class QueueSettings(HttpServiceSettings):
     queue_history_partition: Duration = 86400.0
     """Width of a `job_history` partition (a slot of `finished_at`); retention drops whole
     partitions, so a finished job is kept between its retention and retention + this."""
+    queue_partition_manager: Literal["auto", "jobq", "pg_partman"] = "auto"
+    """Who makes and drops the `job_history` partitions (services/queue/history.py): `jobq`'s
+    background loop, the `pg_partman` extension (the service refuses to start without it), or
+    `auto`: pg_partman when the extension is installed in the database, else jobq's loop."""
     queue_internal_token: Token | None = None
     queue_schedules: str = "[]"
     queue_schedule_interval: Duration = 1.0
@@ -93,6 +99,12 @@ class QueueSettings(HttpServiceSettings):
     """How long per-minute counts and silent workers' rows are kept."""
     queue_worker_live: Duration = 60.0
     """A worker is listed while it claimed or touched a lease within this many seconds."""
+
+    @model_validator(mode="after")
+    def _partman_width(self) -> QueueSettings:
+        if self.queue_partition_manager == "pg_partman" and self.queue_history_partition < 1:
+            raise ValueError("pg_partman makes partitions of 1s or more: QUEUE_HISTORY_PARTITION")
+        return self
 
     @field_validator("queue_schedules")
     @classmethod
