@@ -192,6 +192,10 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
             operator=operator,
             head_revision=head_revision(),
         )
+
+        async def retention_pass() -> None:
+            metrics.observe_maintenance(await history.maintain())
+
         loops: list[asyncio.Task[None]] = []
         try:
             try:
@@ -244,7 +248,7 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
                         every(
                             "retention",
                             settings.queue_retention_interval,
-                            history.maintain,
+                            retention_pass,
                             shutdown,
                         )
                     )

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from common.contracts import JobStatus, QueueState
 from common.metrics import OTHER, BoundedLabel, nameable
+
+if TYPE_CHECKING:
+    from services.queue.history import Maintenance
+
 from services.queue.readings import (
     DEPTH_STATUSES,
     LIVE_STATUSES,
@@ -152,6 +157,40 @@ class QueueMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+        self.history_partitions = Counter(
+            "jobq_history_partitions",
+            "Partitions of the history (`job_history`) this replica's retention pass created or "
+            "dropped, whoever manages them (QUEUE_PARTITION_MANAGER).",
+            ["action"],
+            registry=registry,
+        )
+        for action in ("created", "dropped"):
+            self.history_partitions.labels(action)
+        self.history_failures = Counter(
+            "jobq_history_maintenance_failures",
+            "Steps of this replica's retention pass that failed (a partition not made or not "
+            "dropped, a tree pg_partman could not register or maintain); each is tried again "
+            "at the next pass.",
+            registry=registry,
+        )
+        self.history_default_deleted = Counter(
+            "jobq_history_default_rows_deleted",
+            "Rows past retention deleted one by one from the history's DEFAULT partitions: "
+            "settles that found no partition for their day (the retention pass stopped for "
+            "longer than the partitions made ahead). Zero while the pass runs.",
+            registry=registry,
+        )
+        self.history_swept = Counter(
+            "jobq_history_rows_swept",
+            "Finished rows a release before the history left in `job`, moved into it by the "
+            "sweep (a rollout only).",
+            registry=registry,
+        )
+        self.history_maintained = Gauge(
+            "jobq_history_maintained_timestamp_seconds",
+            "Unix time of this replica's last retention pass in which no step failed.",
+            registry=registry,
+        )
         self.claim_duration = Histogram(
             "jobq_claim_duration_seconds",
             "Time of one claim statement (pool checkout, statement, commit); a long poll "
@@ -271,6 +310,17 @@ class QueueMetrics:
         """Add jobs handed out, `{(queue, tenant): jobs}`, to `jobq_claimed_total`."""
         for (queue, tenant), count in counts.items():
             self.claimed.labels(self.queue_label(queue), self.tenant_label(tenant)).inc(count)
+
+    def observe_maintenance(self, done: Maintenance) -> None:
+        """Count what one retention pass (`History.maintain`) did, and stamp
+        `jobq_history_maintained_timestamp_seconds` when none of its steps failed."""
+        self.history_partitions.labels("created").inc(len(done.created))
+        self.history_partitions.labels("dropped").inc(len(done.dropped))
+        self.history_failures.inc(len(done.failed))
+        self.history_default_deleted.inc(done.default_deleted)
+        self.history_swept.inc(done.swept)
+        if not done.failed:
+            self.history_maintained.set_to_current_time()
 
     def observe_health(self, health: DatabaseHealth) -> None:
         """Publish one reading of the database's health (the `job` table's figures)."""

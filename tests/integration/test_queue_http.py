@@ -279,3 +279,35 @@ async def test_a_dead_letter_in_the_history_still_counts_in_depth_and_the_gauge(
     await eventually(
         counted, lambda seen: seen == (1, True), what="the historic dead letter counted"
     )
+
+
+async def test_a_retention_pass_is_counted_in_the_history_metrics(
+    clean_database: str, redis_url: str
+) -> None:
+    """The queue service's first retention pass (at startup) remakes a partition dropped
+    beforehand and stamps `jobq_history_maintained_timestamp_seconds`, the input of the
+    JobqHistoryMaintenanceFailing alert; nothing failed."""
+    connection = await asyncpg.connect(clean_database)
+    try:
+        newest = await connection.fetchval(
+            "SELECT child.relname FROM pg_inherits"
+            " JOIN pg_class AS parent ON parent.oid = pg_inherits.inhparent"
+            " JOIN pg_class AS child ON child.oid = pg_inherits.inhrelid"
+            " WHERE parent.relname = 'job_history_done'"
+            " AND child.relname <> 'job_history_done_default'"
+            " ORDER BY child.relname DESC LIMIT 1"
+        )
+        if newest is not None:
+            await connection.execute(f'DROP TABLE "{newest}"')
+    finally:
+        await connection.close()
+    settings = QueueSettings(database_url=clean_database, redis_url=redis_url)
+    async with serving(create_app(settings)) as client:
+        stamped = await eventually(
+            lambda: _sample(client, "jobq_history_maintained_timestamp_seconds"),
+            lambda value: value > 0,
+            what="a clean retention pass",
+        )
+        assert abs(stamped - time.time()) < 60
+        assert await _sample(client, 'jobq_history_partitions_total{action="created"}') >= 1
+        assert await _sample(client, "jobq_history_maintenance_failures_total") == 0
