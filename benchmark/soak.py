@@ -245,6 +245,15 @@ async def _sample(
                     "completed": _counter(text, "jobq_processed", outcome="success"),
                     "claims": _buckets(text, "jobq_claim_duration_seconds"),
                     "e2e": _buckets(text, "jobq_end_to_end_seconds"),
+                    "retention_seconds": sample_total(
+                        text,
+                        "jobq_history_pass_duration_seconds",
+                        "jobq_history_pass_duration_seconds_sum",
+                    ),
+                    "partitions": {
+                        action: _counter(text, "jobq_history_partitions", action=action)
+                        for action in ("created", "dropped")
+                    },
                 }
                 if previous is not None:
                     done = now["completed"] - previous["completed"]
@@ -268,6 +277,12 @@ async def _sample(
                         "completed_per_s": round(done / (now["t"] - previous["t"]), 1),
                         "wal_bytes_per_job": round(wal / done) if done else None,
                         "retention_rows_deleted": int(deleted),
+                        # 0 on a side whose services predate these metrics (issue 20's before).
+                        "retention_pass_seconds": round(
+                            now["retention_seconds"] - previous["retention_seconds"], 4
+                        ),
+                        "partitions_created": int(now["partitions"]["created"]),
+                        "partitions_dropped": int(now["partitions"]["dropped"]),
                         "claim_p50_ms": _ms(quantile(previous["claims"], now["claims"], 0.5)),
                         "claim_p99_ms": _ms(quantile(previous["claims"], now["claims"], 0.99)),
                         "e2e_p50_ms": _ms(quantile(previous["e2e"], now["e2e"], 0.5)),
@@ -470,6 +485,7 @@ _COMPANIONS = {
     "e2e_p99_ms": "e2e_p50_ms",
     "autovacuum_runs": "vacuum_runs",
     "job_bytes": "job_index_bytes",
+    "partitions_created": "partitions_dropped",
 }
 
 _PANELS = (
@@ -481,12 +497,14 @@ _PANELS = (
     ("autovacuum_runs", "vacuums of job (autovacuum; the queue service's dashed)"),
     ("retention_rows_deleted", "rows retention deleted per sample"),
     ("history_bytes", "history bytes (all partitions)"),
+    ("retention_pass_seconds", "seconds in retention passes per sample"),
+    ("partitions_created", "history partitions created (dropped dashed), cumulative"),
 )
 
 
 def plot(document: dict[str, Any], path: Path) -> None:
     """One panel per sampled series, one line per side; the held snapshot shaded."""
-    figure, axes = plt.subplots(4, 2, figsize=(13, 14), sharex=True)
+    figure, axes = plt.subplots(5, 2, figsize=(13, 17), sharex=True)
     for (key, title), axis in zip(_PANELS, axes.flat, strict=True):
         for side in document["sides"]:
             minutes = [s["minute"] for s in side["samples"]]

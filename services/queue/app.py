@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -194,7 +195,9 @@ def create_app(settings: QueueSettings | None = None) -> Litestar:
         )
 
         async def retention_pass() -> None:
-            metrics.observe_maintenance(await history.maintain())
+            started = time.perf_counter()
+            done = await history.maintain()
+            metrics.observe_maintenance(done, time.perf_counter() - started)
 
         loops: list[asyncio.Task[None]] = []
         try:

@@ -186,6 +186,14 @@ class QueueMetrics:
             "sweep (a rollout only).",
             registry=registry,
         )
+        self.history_pass = Histogram(
+            "jobq_history_pass_duration_seconds",
+            "This replica's retention passes (partitions made and dropped, DEFAULT rows purged, "
+            "the sweep, expired idempotency keys deleted), one observation each: retention's "
+            "cost in time.",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.history_maintained = Gauge(
             "jobq_history_maintained_timestamp_seconds",
             "Unix time of this replica's last retention pass in which no step failed.",
@@ -311,9 +319,11 @@ class QueueMetrics:
         for (queue, tenant), count in counts.items():
             self.claimed.labels(self.queue_label(queue), self.tenant_label(tenant)).inc(count)
 
-    def observe_maintenance(self, done: Maintenance) -> None:
-        """Count what one retention pass (`History.maintain`) did, and stamp
-        `jobq_history_maintained_timestamp_seconds` when none of its steps failed."""
+    def observe_maintenance(self, done: Maintenance, seconds: float) -> None:
+        """Count what one retention pass (`History.maintain`) did and how long it took
+        (`seconds`), and stamp `jobq_history_maintained_timestamp_seconds` when none of its
+        steps failed."""
+        self.history_pass.observe(seconds)
         self.history_partitions.labels("created").inc(len(done.created))
         self.history_partitions.labels("dropped").inc(len(done.dropped))
         self.history_failures.inc(len(done.failed))

@@ -1,10 +1,11 @@
-"""The soak benchmark's arithmetic: quantiles from histogram deltas and the summary."""
+"""The soak benchmark's arithmetic (quantiles from histogram deltas, the summary) and its plot."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
-from benchmark.soak import quantile, summarise
+from benchmark.soak import plot, quantile, summarise
 
 
 def test_quantiles_come_from_the_observations_between_two_readings() -> None:
@@ -82,3 +83,31 @@ def test_the_minute_figures_need_the_buckets() -> None:
     summary = summarise(samples, 30)
     assert summary["claim_p99_ms_early_minute"] is None
     assert summary["claim_p99_minute_ratio"] is None
+
+
+def test_the_plot_draws_every_panel_with_a_side_that_lacks_the_newer_series(
+    tmp_path: Path,
+) -> None:
+    """A before side whose services predate the retention metrics has no pass seconds or
+    partition counts: the plot still draws all ten panels, that side's lines empty there."""
+    base = {"minute": 1.0, "job_bytes": 1, "job_index_bytes": 1, "dead_tuples": 0}
+    old = [dict(base, minute=m) for m in (1.0, 2.0)]
+    new = [
+        dict(
+            base,
+            minute=m,
+            retention_pass_seconds=0.01,
+            partitions_created=int(m),
+            partitions_dropped=int(m) - 1,
+        )
+        for m in (1.0, 2.0)
+    ]
+    document = {
+        "settings": {"minutes": 2, "snapshot_seconds": 6},
+        "sides": [{"side": "before", "samples": old}, {"side": "after", "samples": new}],
+    }
+    path = tmp_path / "soak.png"
+
+    plot(document, path)
+
+    assert path.stat().st_size > 10_000
