@@ -227,6 +227,12 @@ def _payload(text: str) -> dict[str, Any]:
 @click.option("--timeout", type=int, help="Seconds a run may take.")
 @click.option("--idempotency-key", metavar="KEY", help="Submitting it again returns the job.")
 @click.option(
+    "--idempotency-window",
+    type=int,
+    metavar="SECONDS",
+    help="Seconds the key is held, 1..2592000 [the queue service's QUEUE_IDEMPOTENCY_WINDOW].",
+)
+@click.option(
     "--batch",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="A JSON-lines file of submit bodies (as POST /jobs takes them), sent 500 at a time.",
@@ -245,6 +251,7 @@ def submit(
     max_attempts: int | None,
     timeout: int | None,
     idempotency_key: str | None,
+    idempotency_window: int | None,
     batch: Path | None,
     refused: Path | None,
 ) -> None:
@@ -267,6 +274,7 @@ def submit(
             max_attempts=max_attempts,
             timeout_seconds=timeout,
             idempotency_key=idempotency_key,
+            idempotency_window_seconds=idempotency_window,
         )
     if settings.as_json:
         settings.emit(reply)

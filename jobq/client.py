@@ -81,6 +81,14 @@ def minted_key() -> str:
     return f"jobq-client-{uuid.uuid4()}"
 
 
+MINTED_KEY_WINDOW = 3600
+"""Seconds the queue service holds a key the client minted (`idempotencyWindowSeconds`),
+unless the caller set a window: it only makes the client's own retries replays (a few of them,
+seconds apart) and a follow-up of an `OutcomeUnknown`, so an hour (Cloud Tasks' shortest
+deduplication window) keeps the key table at an hour of keyless submits, not
+`QUEUE_IDEMPOTENCY_WINDOW`'s 7 days."""
+
+
 def _retryable(exc: JobqError) -> bool:
     # 503s and 504s (the producer or the queue service could not answer now) and transport
     # failures; a misconfigured deployment will not heal by asking again.
@@ -149,6 +157,8 @@ def _submit_call(
     PayloadTooLarge for bad input, before anything is sent."""
     if options.get("idempotency_key") is None:
         options["idempotency_key"] = minted_key()
+        if options.get("idempotency_window_seconds") is None:
+            options["idempotency_window_seconds"] = MINTED_KEY_WINDOW
     request = build_request(task_type, payload, **options)
     return _Call("POST", "/jobs", SubmitJobResponse, request, key=request.idempotency_key)
 
@@ -158,7 +168,11 @@ def _batch_call(requests: list[SubmitJobRequest]) -> _Call[BatchSubmitResponse]:
     keyed = [
         r
         if r.idempotency_key is not None
-        else msgspec.structs.replace(r, idempotency_key=minted_key())
+        else msgspec.structs.replace(
+            r,
+            idempotency_key=minted_key(),
+            idempotency_window_seconds=r.idempotency_window_seconds or MINTED_KEY_WINDOW,
+        )
         for r in requests
     ]
     body = BatchSubmitRequest(jobs=[msgspec.Raw(msgspec.json.encode(r)) for r in keyed])
@@ -413,8 +427,10 @@ class Client:
         """Submit one job; a replay (same idempotency key and request) returns the same job.
 
         Without an `idempotency_key` one is minted for this submit, so the client's own
-        retries are replays. Bad input raises InvalidInput/PayloadTooLarge before anything is
-        sent; OutcomeUnknown when the job may or may not exist after the last retry."""
+        retries are replays; `idempotency_window_seconds` (1 to 2,592,000) sets how long the
+        key is held, else the queue service's QUEUE_IDEMPOTENCY_WINDOW (7 days). Bad input
+        raises InvalidInput/PayloadTooLarge before anything is sent; OutcomeUnknown when the
+        job may or may not exist after the last retry."""
         return self._submit(_submit_call(task_type, payload, options))
 
     def submit_batch(self, requests: list[SubmitJobRequest]) -> BatchSubmitResponse:

@@ -42,7 +42,9 @@ async def enqueue(
     """Insert one job through `connection` (an `asyncpg.Connection` or a SQLAlchemy
     `AsyncConnection`), inside whatever transaction it has open, owned by `tenant`
     (docs/architecture.md#tenants). `options` are those of `Client.submit` (queue, priority,
-    delay_seconds, max_attempts, timeout_seconds, idempotency_key).
+    delay_seconds, max_attempts, timeout_seconds, idempotency_key, idempotency_window_seconds:
+    without it the key is held for DEFAULT_IDEMPOTENCY_WINDOW, 7 days, whatever the queue
+    service's QUEUE_IDEMPOTENCY_WINDOW says).
 
     Returns `{jobId, status}`; with an idempotency key the tenant used before for the same
     request, the existing job (a replay). Raises InvalidInput/PayloadTooLarge for input the

@@ -14,7 +14,11 @@ from common.validation import check_payload, msgspec_error
 class SubmitOptions(TypedDict, total=False):
     """Optional submit fields: `queue` ("default"), `priority` (0; higher first),
     `delay_seconds` (0), `max_attempts` (server default), `timeout_seconds` (processor or
-    worker default) and `idempotency_key`."""
+    worker default), `idempotency_key`, and `idempotency_window_seconds`: how long the key
+    blocks a different request and replays this one, in whole seconds, 1 to 2,592,000 (30
+    days; `IDEMPOTENCY_WINDOW_MAX`), else the queue service's QUEUE_IDEMPOTENCY_WINDOW (7 days;
+    SQS deduplicates for 5 minutes). Out of bounds raises InvalidInput
+    (`/idempotencyWindowSeconds`)."""
 
     queue: str
     priority: int
@@ -22,6 +26,7 @@ class SubmitOptions(TypedDict, total=False):
     max_attempts: int | None
     timeout_seconds: int | None
     idempotency_key: str | None
+    idempotency_window_seconds: int | None
 
 
 _CAMEL = {
@@ -31,6 +36,7 @@ _CAMEL = {
     "max_attempts": "maxAttempts",
     "timeout_seconds": "timeoutSeconds",
     "idempotency_key": "idempotencyKey",
+    "idempotency_window_seconds": "idempotencyWindowSeconds",
 }
 
 

@@ -171,3 +171,97 @@ def test_migrate_waits_for_a_database_that_does_not_accept_connections_yet(
             process.wait()
 
     assert asyncio.run(schema_revision(url)) == head_revision()
+
+
+_TRIGGER = "SELECT count(*) FROM pg_trigger WHERE tgname = 'job_idempotency_key_held'"
+_FUNCTION = "SELECT to_regproc('jobq_hold_idempotency_key') IS NOT NULL"
+
+
+async def test_the_key_trigger_copies_keys_left_out_and_goes_down_and_up_again(
+    postgres_base: str, fresh_database_name: str
+) -> None:
+    """f2a9c4e7b315 copies the keys the previous release wrote into `job` after c5e2b7d91f04's
+    copy (held until `created_at` + 7 days), adds the trigger that copies those it writes from
+    now on, and its downgrade drops the trigger and function, keeping the keys."""
+    name = fresh_database_name
+    url = f"{postgres_base}/{name}"
+    await _admin(
+        postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"'
+    )
+    try:
+        migrate(url, "upgrade", "b8d2e6f1a3c7")
+        connection = await asyncpg.connect(url)
+        try:
+            # The previous release's insert after the copy: its key is in `job` only.
+            await connection.execute(
+                "INSERT INTO job (id, queue, task_type, payload, status, max_attempts,"
+                " visible_at, idempotency_key, created_at, updated_at)"
+                " VALUES (gen_random_uuid(), 'default', 'noop', '{}', 'PENDING', 5, now(),"
+                " 'missed', now() - interval '1 day', now() - interval '1 day'),"
+                " (gen_random_uuid(), 'default', 'noop', '{}', 'PENDING', 5, now(),"
+                " 'too-old', now() - interval '8 days', now() - interval '8 days')"
+            )
+            assert await connection.fetchval("SELECT count(*) FROM idempotency_key") == 0
+
+            migrate(url, "upgrade", "head")
+            held = await connection.fetchrow(
+                "SELECT held.job_id = job.id AS same_job,"
+                " held.expires_at = job.created_at + interval '7 days' AS its_window"
+                " FROM idempotency_key AS held JOIN job ON job.idempotency_key = held.key"
+                " WHERE held.key = 'missed'"
+            )
+            assert held is not None and held["same_job"] and held["its_window"]
+            assert (
+                await connection.fetchval(
+                    "SELECT count(*) FROM idempotency_key WHERE key = 'too-old'"
+                )
+                == 0
+            ), "a key whose window would be over is not held again"
+            assert await connection.fetchval(_TRIGGER) == 1
+            assert await connection.fetchval(_FUNCTION)
+
+            migrate(url, "downgrade", "b8d2e6f1a3c7")
+            assert await connection.fetchval(_TRIGGER) == 0
+            assert not await connection.fetchval(_FUNCTION)
+            assert await connection.fetchval("SELECT count(*) FROM idempotency_key") == 1
+            # Without the trigger a keyed insert holds nothing.
+            await connection.execute(
+                "INSERT INTO job (id, queue, task_type, payload, status, max_attempts,"
+                " visible_at, idempotency_key) VALUES (gen_random_uuid(), 'default', 'noop',"
+                " '{}', 'PENDING', 5, now(), 'unheld')"
+            )
+            assert (
+                await connection.fetchval(
+                    "SELECT count(*) FROM idempotency_key WHERE key = 'unheld'"
+                )
+                == 0
+            )
+
+            migrate(url, "upgrade", "head")
+            assert await connection.fetchval(_TRIGGER) == 1
+            assert (
+                await connection.fetchval("SELECT version_num FROM alembic_version")
+                == head_revision()
+            )
+            # The upgrade's copy picked up the key inserted while it was down.
+            assert (
+                await connection.fetchval(
+                    "SELECT count(*) FROM idempotency_key WHERE key = 'unheld'"
+                )
+                == 1
+            )
+            # The previous release's insert now holds its key for the default window.
+            await connection.execute(
+                "INSERT INTO job (id, queue, task_type, payload, status, max_attempts,"
+                " visible_at, idempotency_key) VALUES (gen_random_uuid(), 'default', 'noop',"
+                " '{}', 'PENDING', 5, now(), 'fresh')"
+            )
+            window = await connection.fetchval(
+                "SELECT EXTRACT(EPOCH FROM expires_at - now())::float8 FROM idempotency_key"
+                " WHERE key = 'fresh'"
+            )
+            assert 7 * 86400 - 10 < window <= 7 * 86400
+        finally:
+            await connection.close()
+    finally:
+        await _admin(postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
