@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
+import os
 import re
 import uuid
+from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
 
-from common.enqueue import ENQUEUE_ASYNCPG, encode_rows
+from common.enqueue import (
+    ENQUEUE_ASYNCPG,
+    FIND_EXISTING_ASYNCPG,
+    RELEASE_KEY_ASYNCPG,
+    encode_rows,
+)
+from services.queue import bulk
 from services.queue.repository import (
+    _CONFIRM_CANCELLED,
+    _GET_MANY,
+    _LEASES,
+    _MARK_AWAITED,
     ACK_AND_CLAIM_FAIR_STATEMENT,
     ACK_AND_CLAIM_STATEMENT,
     ACK_STATEMENT,
@@ -20,6 +32,8 @@ from services.queue.repository import (
     CLAIM_LIMITED_STATEMENT,
     CLAIM_STATEMENT,
     FAIL_STATEMENT,
+    FORGET_KEYS_STATEMENT,
+    GET_STATEMENT,
     HEARTBEAT_STATEMENT,
     LIMIT_READINGS_STATEMENT,
     PROMOTE_STATEMENT,
@@ -29,7 +43,10 @@ from services.queue.repository import (
     SWEEP_STATEMENT,
     JobRepository,
 )
+from services.queue.sqs_store import _MOVE_DEAD, _MOVE_LIVE
+from tests.conftest import own_database
 from tests.helpers import new_job
+from tests.integration.plans import fill_history, fill_keys, generic_plan, literals
 
 
 async def test_eight_concurrent_claimers_share_200_jobs_without_duplicates(
@@ -99,18 +116,6 @@ async def _fill(connection: asyncpg.Connection, tenants: int = 1) -> None:
     await connection.execute("ANALYZE job")
 
 
-async def _generic_plan(connection: asyncpg.Connection, statement: str, args: str) -> str:
-    """EXPLAIN of the plan PostgreSQL caches for `statement` (generic, as the queue service's
-    sessions use), executed with `args` (SQL literals)."""
-    name = f"under_test_{next(_PREPARED)}"
-    await connection.execute("SET plan_cache_mode = force_generic_plan")
-    await connection.execute(f"PREPARE {name} AS {statement}")
-    rows = await connection.fetch(f"EXPLAIN EXECUTE {name}({args})")
-    return "\n".join(row[0] for row in rows)
-
-
-_PREPARED = itertools.count()
-
 _TABLE_READ = re.compile(
     r"(?:Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan)(?: using \S+)? on (\S+)"
 )
@@ -159,8 +164,8 @@ async def test_the_claim_is_an_ordered_index_walk_for_one_queue_and_for_several(
     connection = await asyncpg.connect(clean_database)
     try:
         await _fill(connection)
-        claim = await _generic_plan(connection, CLAIM_STATEMENT, CLAIM_ARGS.format(queues=queues))
-        with_acks = await _generic_plan(
+        claim = await generic_plan(connection, CLAIM_STATEMENT, CLAIM_ARGS.format(queues=queues))
+        with_acks = await generic_plan(
             connection,
             ACK_AND_CLAIM_STATEMENT,
             CLAIM_ARGS.format(queues=queues) + f", {SETTLE_ARRAYS}, ARRAY[NULL::text]",
@@ -193,10 +198,10 @@ async def test_the_fair_claim_is_an_ordered_index_walk_per_flow_for_any_number_o
     cursors = "ARRAY[" + ", ".join([cursor] * len(queues.split(","))) + "]::text[]"
     try:
         await _fill(connection, tenants)
-        claim = await _generic_plan(
+        claim = await generic_plan(
             connection, CLAIM_FAIR_STATEMENT, CLAIM_ARGS.format(queues=queues) + f", {cursors}"
         )
-        with_acks = await _generic_plan(
+        with_acks = await generic_plan(
             connection,
             ACK_AND_CLAIM_FAIR_STATEMENT,
             CLAIM_ARGS.format(queues=queues) + f", {SETTLE_ARRAYS}, ARRAY[NULL::text], {cursors}",
@@ -227,14 +232,14 @@ async def test_the_limited_claim_walks_the_pairs_own_index(clean_database: str) 
     try:
         # Every job is a noop: the generic plan estimates any task type at all of them.
         await _fill(connection)
-        plan = await _generic_plan(
+        plan = await generic_plan(
             connection, CLAIM_LIMITED_STATEMENT, "'default', 'webhook', 16, 'w', 30"
         )
         await connection.execute(
             "INSERT INTO queue_control (queue, limits, changed_at, changed_by, change)"
             """ VALUES ('default', '{"webhook": {"concurrency": 3}}', now(), 't', 'limits')"""
         )
-        readings = await _generic_plan(connection, LIMIT_READINGS_STATEMENT, "1000")
+        readings = await generic_plan(connection, LIMIT_READINGS_STATEMENT, "1000")
     finally:
         await connection.close()
     # Its walk, and the look for jobs it left waiting, descend the pair's index: a limited
@@ -245,6 +250,55 @@ async def test_the_limited_claim_walks_the_pairs_own_index(clean_database: str) 
     # So does the depth refresh's count of the pair's waiting jobs.
     assert "using ix_job_claim_type" in readings, readings
     assert "using ix_job_claim on" not in readings, readings
+
+
+UUIDS = "ARRAY[gen_random_uuid(), gen_random_uuid()]"
+
+
+@pytest.fixture(scope="module")
+async def busy_database(postgres_base: str, template_database: str) -> AsyncIterator[str]:
+    """A database of its own (for this module) shaped like a busy system's during a
+    rollout: `_fill`'s live table (with finished rows a release before the history left in
+    it), a history of 40,000 finished jobs and 20,000 idempotency keys; statistics fresh.
+    Plans are only EXPLAINed, never run, so one fill serves every case."""
+    async with own_database(postgres_base, template_database, f"jobq_plans_{os.getpid()}") as url:
+        connection = await asyncpg.connect(url)
+        try:
+            await _fill(connection)
+            await fill_history(connection)
+            await fill_keys(connection)
+            assert await connection.fetchval("SELECT count(*) FROM job_history") == 40_000
+        finally:
+            await connection.close()
+        yield url
+
+
+async def _plan_of(url: str, statement: str, args: str) -> tuple[str, set[str]]:
+    """The generic plan of `statement` on the database at `url`, and the tables there that
+    hold no row (PostgreSQL may scan an empty partition: it has no page to read)."""
+    connection = await asyncpg.connect(url)
+    try:
+        plan = await generic_plan(connection, statement, args)
+        empty = {
+            row["relname"]
+            for row in await connection.fetch(
+                "SELECT relname FROM pg_class WHERE relkind = 'r' AND reltuples <= 0"
+            )
+        }
+    finally:
+        await connection.close()
+    return plan, empty
+
+
+def _assert_rows_found_by_index(
+    name: str, plan: str, empty: set[str], may_hash: frozenset[str] = frozenset()
+) -> None:
+    """Rows are reached through an index, never by scanning or hashing a whole table or index
+    (a join planned for an unknown LIMIT would); an empty table may be scanned, and the
+    relations of `may_hash` hashed (read by an index condition the caller checks)."""
+    scanned = set(re.findall(r"Seq Scan on (\S+)", plan)) - empty
+    assert not scanned, f"{name} scans {scanned}:\n{plan}"
+    assert not _hashed_tables(plan) - may_hash, f"{name}:\n{plan}"
 
 
 @pytest.mark.parametrize(
@@ -268,20 +322,81 @@ async def test_the_limited_claim_walks_the_pairs_own_index(clean_database: str) 
         ("redrive of one tenant", REDRIVE_STATEMENT, "NULL, NULL, 500, 'acme'"),
         ("sweep", SWEEP_STATEMENT, "500"),
         ("cancel", CANCEL_STATEMENT, "gen_random_uuid(), NULL"),
+        ("confirm cancelled", _CONFIRM_CANCELLED, "gen_random_uuid(), gen_random_uuid()"),
         ("retry", RETRY_STATEMENT, "gen_random_uuid(), NULL"),
         ("limited claim", CLAIM_LIMITED_STATEMENT, "'default', 'noop', 16, 'w', 30"),
+        # Reads of jobs by id wherever they are (a replayed settle's leases, the batch view,
+        # a waiter's flag) probe each table's primary key.
+        ("get", GET_STATEMENT, "gen_random_uuid(), NULL"),
+        ("get many", _GET_MANY, UUIDS),
+        ("leases", _LEASES, UUIDS),
+        ("mark awaited", _MARK_AWAITED, "gen_random_uuid(), NULL"),
+        # The submit's look for an existing job (id, then key) and a dead key's release.
+        ("find existing", FIND_EXISTING_ASYNCPG, "gen_random_uuid(), 'key-7', 'default'"),
+        ("release key", RELEASE_KEY_ASYNCPG, "'key-7', 'default'"),
+        # Retention of idempotency keys (services/queue/history.py, step 5).
+        ("forget keys", FORGET_KEYS_STATEMENT, ""),
+        # The SQS moves: dead letters out of the history into another queue, waiting
+        # messages between queues (services/queue/sqs_store.py).
+        ("sqs move of dead letters", _MOVE_DEAD, "'default', 'dlq', 'DEAD_LETTER', 5, 500"),
+        ("sqs move of waiting messages", _MOVE_LIVE, "'dlq', 'default', 'PENDING', 5, 500"),
     ],
 )
 async def test_every_transition_finds_its_rows_by_index(
-    clean_database: str, name: str, statement: str, args: str
+    busy_database: str, name: str, statement: str, args: str
 ) -> None:
-    connection = await asyncpg.connect(clean_database)
-    try:
-        await _fill(connection)
-        plan = await _generic_plan(connection, statement, args)
-    finally:
-        await connection.close()
-    # Rows are reached through an index, never by scanning or hashing a whole table or index
-    # (a join planned for an unknown LIMIT would).
-    assert "Seq Scan" not in plan, f"{name}:\n{plan}"
-    assert not _hashed_tables(plan), f"{name}:\n{plan}"
+    """Every statement that moves, changes or looks up jobs by id reaches its rows through an
+    index, with a history of 40,000 rows beside the live table: a plan that scanned
+    `job_history` (or `job`) would read every finished job on each call."""
+    plan, empty = await _plan_of(busy_database, statement, args)
+    if statement is FORGET_KEYS_STATEMENT:
+        # With a backlog of 10,000 expired keys PostgreSQL hashes the expired keys (found by
+        # ix_idempotency_key_expires_at) rather than probe the primary key 500 times: each
+        # batch reads the expired keys, never the keys still held. (From some 100,000 expired
+        # keys on it joins by primary key, as the statement's comment says.)
+        assert "Index Cond: (expires_at <= statement_timestamp())" in plan, plan
+        assert "Seq Scan on idempotency_key" not in plan, plan
+        expired = frozenset({"idempotency_key", "ix_idempotency_key_expires_at"})
+        _assert_rows_found_by_index(name, plan, empty, may_hash=expired)
+        return
+    _assert_rows_found_by_index(name, plan, empty)
+
+
+class _Recording:
+    """Stands in for the repository of `services.queue.bulk`: keeps each statement it is given
+    (and answers that nothing changed), so a test plans the very text the service builds."""
+
+    def __init__(self) -> None:
+        self.statements: list[tuple[str, tuple[Any, ...]]] = []
+
+    async def fetch(self, statement: str, *args: Any) -> list[dict[str, int]]:
+        self.statements.append((statement, args))
+        return [{"changed": 0, "n": 0}]
+
+
+@pytest.mark.parametrize(
+    ("action", "filters"),
+    [
+        ("retry", {}),
+        ("retry", {"queue": "default"}),
+        ("cancel", {}),
+        ("cancel", {"queue": "default", "tenant": "t0"}),
+        ("delete", {}),
+        ("delete", {"queue": "default"}),
+        ("delete", {"ids": [uuid.uuid4()]}),  # a single delete (operator.delete)
+        ("purge", {"queue": "a"}),
+        ("purge", {"queue": "default", "tenant": "t0"}),
+    ],
+)
+async def test_every_bulk_change_finds_its_rows_by_index(
+    busy_database: str, action: str, filters: dict[str, Any]
+) -> None:
+    """A bulk change's chunk statement (services/queue/bulk.py), built by `bulk.apply` as the
+    operator API runs it, reaches its rows through an index: each chunk picks 500 rows, and a
+    scan would read the whole live table or history once per chunk."""
+    recording = _Recording()
+    where = bulk.Filter(bulk.narrowed(action, None), **filters)
+    await bulk.apply(recording, action, where, 1000)  # type: ignore[arg-type]
+    [(statement, args)] = recording.statements
+    plan, empty = await _plan_of(busy_database, statement, literals(*args))
+    _assert_rows_found_by_index(f"bulk {action} {filters}", plan, empty)

@@ -5,32 +5,47 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import logging
+import re
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
+from prometheus_client import CollectorRegistry
 
-from common.contracts import JobStatus
+from common.contracts import AckEntry, HeartbeatEntry, JobStatus, JobView
+from common.contracts import FailEntry as WireFailEntry
 from common.enqueue import ENQUEUE_ASYNCPG, encode_rows, insert_jobs
-from common.errors import IdempotencyConflict, ServiceUnavailable
+from common.errors import (
+    IdempotencyConflict,
+    InvalidState,
+    ServiceUnavailable,
+    StaleReceiptHandle,
+)
 from services.queue import history as history_module
 from services.queue.history import History, partition_name
+from services.queue.metrics import QueueMetrics
+from services.queue.models import AUTOVACUUM_SETTINGS
 from services.queue.repository import (
+    _GET_MANY,
+    _LEASES,
     GET_STATEMENT,
     REDRIVE_STATEMENT,
     RETRY_STATEMENT,
+    SWEEP_STATEMENT,
     FailEntry,
     JobRepository,
     depth_statement,
     listing_statement,
 )
 from services.queue.retry import Backoff
+from services.queue.service import QueueService
+from services.queue.settings import QueueSettings
+from services.queue.wakeup import WakeupHub
 from tests.helpers import new_job
-
-_PREPARED = itertools.count()
+from tests.integration.plans import fill_history, generic_plan, literals
 
 
 async def _counts(url: str) -> tuple[int, int]:
@@ -46,7 +61,7 @@ async def _counts(url: str) -> tuple[int, int]:
 async def _claimed(repository: JobRepository, n: int, **fields: object) -> list[uuid.UUID]:
     rows = [new_job(**fields) for _ in range(n)]  # type: ignore[arg-type]
     await repository.insert_many(rows)
-    jobs = await repository.claim(["default"], "w", n, 30)
+    jobs = await repository.claim([str(fields.get("queue", "default"))], "w", n, 30)
     assert len(jobs) == n
     return [job.id for job in jobs]
 
@@ -162,91 +177,467 @@ async def test_a_forward_retried_after_the_job_finished_is_a_replay(
     assert isinstance(conflict, IdempotencyConflict)
 
 
+MOVING = 400
+"""Jobs each move test moves."""
+
+MOVE_BATCH = 20
+"""Jobs per moving statement (for single-job moves, between two pauses): many small moves,
+with readings between them."""
+
+Pause = Callable[[], Awaitable[None]]
+
+
+def _batches(ids: list[uuid.UUID]) -> list[list[uuid.UUID]]:
+    return [ids[start : start + MOVE_BATCH] for start in range(0, len(ids), MOVE_BATCH)]
+
+
+async def _dead_letters(
+    repository: JobRepository, n: int, queue: str = "default"
+) -> dict[uuid.UUID, uuid.UUID]:
+    """`n` jobs of `queue` dead-lettered (a non-retryable failure of their only attempt), now
+    in the history: {id: the receipt handle of the dead attempt}."""
+    ids = await _claimed(repository, n, max_attempts=1, queue=queue)
+    handles = {job_id: lease for job_id, (lease, _) in (await repository.leases(ids)).items()}
+    entries = [FailEntry(i, handles[i], "boom", False, None, 1.0) for i in ids]  # type: ignore[arg-type]
+    dead = await repository.fail_many(entries, Backoff(1, 2, 1))
+    assert {job.status for job in dead} == {JobStatus.DEAD_LETTER} and len(dead) == n
+    return handles  # type: ignore[return-value]
+
+
+async def _leased(repository: JobRepository, url: str) -> list[uuid.UUID]:
+    return await _claimed(repository, MOVING)
+
+
+async def _expired(repository: JobRepository, url: str) -> list[uuid.UUID]:
+    ids = await _claimed(repository, MOVING, max_attempts=1)
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute(
+            "UPDATE job SET visible_at = now() - interval '1 second' WHERE id = ANY($1)", ids
+        )
+    finally:
+        await connection.close()
+    return ids
+
+
+async def _waiting(repository: JobRepository, url: str) -> list[uuid.UUID]:
+    rows = [new_job() for _ in range(MOVING)]
+    await repository.insert_many(rows)
+    return [row.id for row in rows]
+
+
+async def _left_finished(repository: JobRepository, url: str) -> list[uuid.UUID]:
+    """Finished rows in `job`, as a release before the history leaves them (in place)."""
+    ids = await _waiting(repository, url)
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute(
+            "UPDATE job SET status = (ARRAY['COMPLETED', 'CANCELLED', 'DEAD_LETTER'])"
+            "[1 + abs(hashtext(id::text)) % 3], finished_at = now(), updated_at = now()"
+            " WHERE id = ANY($1)",
+            ids,
+        )
+    finally:
+        await connection.close()
+    return ids
+
+
+async def _in_history(repository: JobRepository, url: str) -> list[uuid.UUID]:
+    return list(await _dead_letters(repository, MOVING))
+
+
+async def _ack(repository: JobRepository, ids: list[uuid.UUID], pause: Pause) -> None:
+    leases = await repository.leases(ids)
+    for batch in _batches(ids):
+        acked = await repository.ack_many([(i, leases[i][0], None) for i in batch])  # type: ignore[misc]
+        assert len(acked) == len(batch)
+        await pause()
+
+
+async def _fail(repository: JobRepository, ids: list[uuid.UUID], pause: Pause) -> None:
+    leases = await repository.leases(ids)
+    for batch in _batches(ids):
+        entries = [FailEntry(i, leases[i][0], "boom", False, None, 1.0) for i in batch]  # type: ignore[arg-type]
+        failed = await repository.fail_many(entries, Backoff(1, 2, 1))
+        assert [job.status for job in failed] == [JobStatus.DEAD_LETTER] * len(batch)
+        await pause()
+
+
+async def _reap(repository: JobRepository, ids: list[uuid.UUID], pause: Pause) -> None:
+    while reaped := await repository.reap_expired(MOVE_BATCH):
+        assert {job.status for job in reaped} == {JobStatus.DEAD_LETTER}
+        await pause()
+
+
+async def _cancel(repository: JobRepository, ids: list[uuid.UUID], pause: Pause) -> None:
+    for batch in _batches(ids):
+        for job_id in batch:
+            view = await repository.cancel(job_id)
+            assert view is not None and view.status is JobStatus.CANCELLED
+        await pause()
+
+
+async def _sweep(repository: JobRepository, ids: list[uuid.UUID], pause: Pause) -> None:
+    # The statement History.sweep runs, with a smaller batch.
+    while (await repository.fetch(SWEEP_STATEMENT, MOVE_BATCH))[0]["moved"]:
+        await pause()
+
+
+async def _retry(repository: JobRepository, ids: list[uuid.UUID], pause: Pause) -> None:
+    for batch in _batches(ids):
+        for job_id in batch:
+            view = await repository.retry(job_id)
+            assert view is not None and view.status is JobStatus.PENDING
+        await pause()
+
+
+async def _redrive(repository: JobRepository, ids: list[uuid.UUID], pause: Pause) -> None:
+    while await repository.redrive(None, None, MOVE_BATCH):
+        await pause()
+
+
+_WHERE = (
+    "SELECT (SELECT count(*) FROM job WHERE id = ANY($1::uuid[])) AS live,"
+    " (SELECT count(*) FROM job_history WHERE id = ANY($1::uuid[])) AS finished"
+)
+_FIRST_PAGE = listing_statement([], False, 1, 2)
+_NEXT_PAGE = listing_statement(["id < $1"], False, 2, 3)
+"""The listing's statements as `list_jobs` builds them without filters (keyset cursor)."""
+
+
+@dataclasses.dataclass
+class _Reader:
+    """One reader's count of readings, and of those taken while both tables held some of
+    the moving jobs (in the reading's own snapshot)."""
+
+    taken: int = 0
+    overlapping: int = 0
+
+
+async def _reading(
+    connection: asyncpg.Connection,
+    ids: list[uuid.UUID],
+    reader: _Reader,
+    *reads: tuple[str, tuple[object, ...]],
+) -> list[list[asyncpg.Record]]:
+    """Run the statements `reads` in one snapshot (the first one's, as a statement of the
+    service takes it), and count in that snapshot where the moving jobs are: each exactly
+    once, and in both tables at once for an overlapping reading."""
+    async with connection.transaction(isolation="repeatable_read", readonly=True):
+        results = [await connection.fetch(statement, *args) for statement, args in reads]
+        live, finished = await connection.fetchrow(_WHERE, ids)
+    assert live + finished == len(ids), (live, finished)
+    reader.taken += 1
+    reader.overlapping += bool(live and finished)
+    return results
+
+
+async def _read_by_id(url: str, ids: list[uuid.UUID], reader: _Reader, stop: asyncio.Event) -> None:
+    """Read every moving job by id (the batch view's and the replays' statements) and one
+    of them alone (GET /jobs/{id}), over and over: each is found exactly once."""
+    connection = await asyncpg.connect(
+        url, server_settings={"plan_cache_mode": "force_generic_plan"}
+    )
+    try:
+        while not stop.is_set():
+            one = ids[reader.taken % len(ids)]
+            many, single, leases = await _reading(
+                connection,
+                ids,
+                reader,
+                (_GET_MANY, (ids,)),
+                (GET_STATEMENT, (one, None)),
+                (_LEASES, (ids,)),
+            )
+            assert sorted(row["id"] for row in many) == sorted(ids), (
+                "a job seen twice or not at all"
+            )
+            assert [row["id"] for row in single] == [one]
+            assert sorted(row["id"] for row in leases) == sorted(ids)
+    finally:
+        await connection.close()
+
+
+async def _page_through(
+    url: str, ids: list[uuid.UUID], reader: _Reader, stop: asyncio.Event
+) -> None:
+    """List every job, newest first, in pages of 40 (the listing's keyset cursor), over and
+    over: across one pass's pages every job appears exactly once, wherever it was when its
+    page was read."""
+    connection = await asyncpg.connect(
+        url, server_settings={"plan_cache_mode": "force_generic_plan"}
+    )
+    try:
+        while not stop.is_set():
+            listed: list[uuid.UUID] = []
+            before = None
+            while True:
+                read = (
+                    (_FIRST_PAGE, (40, 10_000_000))
+                    if before is None
+                    else (_NEXT_PAGE, (before, 40, 10_000_000))
+                )
+                [page] = await _reading(connection, ids, reader, read)
+                if not page:
+                    break
+                listed += [row["id"] for row in page]
+                before = page[-1]["id"]
+            assert len(listed) == len(set(listed)), "a job listed twice across the pages"
+            assert sorted(listed) == sorted(ids), "a job missing from the pages"
+    finally:
+        await connection.close()
+
+
+Prepare = Callable[[JobRepository, str], Awaitable[list[uuid.UUID]]]
+Move = Callable[[JobRepository, list[uuid.UUID], Pause], Awaitable[None]]
+
+
+@pytest.mark.parametrize(
+    ("prepare", "move", "back", "outcome"),
+    [
+        pytest.param(_leased, _ack, False, {JobStatus.COMPLETED}, id="ack"),
+        pytest.param(_leased, _fail, False, {JobStatus.DEAD_LETTER}, id="fail to dead letter"),
+        pytest.param(_expired, _reap, False, {JobStatus.DEAD_LETTER}, id="reaper dead letters"),
+        pytest.param(_waiting, _cancel, False, {JobStatus.CANCELLED}, id="cancel"),
+        pytest.param(
+            _left_finished,
+            _sweep,
+            False,
+            {JobStatus.COMPLETED, JobStatus.CANCELLED, JobStatus.DEAD_LETTER},
+            id="sweep",
+        ),
+        pytest.param(_in_history, _retry, True, {JobStatus.PENDING}, id="retry"),
+        pytest.param(_in_history, _redrive, True, {JobStatus.PENDING}, id="redrive"),
+    ],
+)
 async def test_a_job_is_never_seen_twice_or_not_at_all_while_it_moves(
+    repository: JobRepository,
+    clean_database: str,
+    prepare: Prepare,
+    move: Move,
+    back: bool,
+    outcome: set[JobStatus],
+) -> None:
+    """Each move between `job` and `job_history` (into the history: ack, fail, the reaper,
+    cancel, the sweep; back out of it: retry, redrive) is made in batches of 20 while two
+    readers by id and a pager of the listing read in a loop, each reading at least once
+    between two batches: every reading, taken while both tables held some of the jobs,
+    sees each job exactly once."""
+    ids = await prepare(repository, clean_database)
+    assert await _counts(clean_database) == ((0, MOVING) if back else (MOVING, 0))
+    stop = asyncio.Event()
+    readers = [_Reader(), _Reader(), _Reader()]
+    tasks = [
+        asyncio.create_task(_read_by_id(clean_database, ids, readers[0], stop)),
+        asyncio.create_task(_read_by_id(clean_database, ids, readers[1], stop)),
+        asyncio.create_task(_page_through(clean_database, ids, readers[2], stop)),
+    ]
+
+    async def pause() -> None:
+        """Wait until every reader finished a reading since the last batch committed."""
+        marks = [reader.taken for reader in readers]
+        deadline = asyncio.get_running_loop().time() + 30
+        while any(reader.taken <= mark for reader, mark in zip(readers, marks, strict=True)):
+            if any(task.done() for task in tasks):
+                return  # a reader failed: its error is raised below
+            assert asyncio.get_running_loop().time() < deadline, "the readers stopped reading"
+            await asyncio.sleep(0.001)
+
+    try:
+        await pause()
+        await move(repository, ids, pause)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    assert await _counts(clean_database) == ((MOVING, 0) if back else (0, MOVING))
+    assert {view.status for view in await repository.get_many(ids)} == outcome
+    # Every reader read while the jobs were split between the two tables.
+    assert all(reader.overlapping > 0 for reader in readers), readers
+
+
+def _service(repository: JobRepository) -> QueueService:
+    return QueueService(
+        repository,
+        WakeupHub(),
+        QueueSettings(database_url="postgresql://unused"),
+        QueueMetrics(CollectorRegistry()),
+        asyncio.Event(),
+    )
+
+
+async def _refused(service: QueueService, job_id: uuid.UUID, handle: uuid.UUID) -> None:
+    """Every settle with `handle` is refused as stale (409), and changes nothing."""
+    before = await service.get(job_id)
+    with pytest.raises(StaleReceiptHandle):
+        await service.ack(job_id, handle, {"late": True})
+    failure = WireFailEntry(id=job_id, receipt_handle=handle, error="late", retryable=False)
+    with pytest.raises(StaleReceiptHandle):
+        await service.fail(job_id, failure)
+    for visibility in (30, 0):  # an extension, a release
+        entry = HeartbeatEntry(id=job_id, receipt_handle=handle, visibility_timeout=visibility)
+        with pytest.raises(StaleReceiptHandle):
+            await service.heartbeat(entry)
+    with pytest.raises(StaleReceiptHandle):
+        await service.confirm_cancelled(job_id, handle)
+    assert await service.get(job_id) == before, "a refused settle changed the job"
+
+
+@pytest.mark.parametrize("revive", ["retry", "redrive"])
+async def test_a_revived_dead_letters_old_receipt_handle_is_refused(
+    repository: JobRepository, clean_database: str, revive: str
+) -> None:
+    """A dead letter brought back from the history (by retry or by redrive) is fenced as
+    today: its dead attempt's receipt handle, which still answers a replay while the job is
+    dead, is refused (stale, 409) for ack, fail, heartbeat, release and cancel confirmation
+    once it is live again, before and after its next claim, and the job is untouched; the
+    new claim's handle settles it."""
+    service = _service(repository)
+    [(job_id, old)] = (await _dead_letters(repository, 1)).items()
+    replay = await service.ack_many([AckEntry(id=job_id, receipt_handle=old)])
+    assert replay.results[0].status == 200, "while dead, its own handle is a replay"
+    if revive == "retry":
+        assert (await service.retry(job_id)).status is JobStatus.PENDING
+    else:
+        assert await service.redrive(None, None, None) == 1
+    assert await _counts(clean_database) == (1, 0)
+
+    await _refused(service, job_id, old)
+    [job] = await repository.claim(["default"], "w", 1, 30)
+    assert job.id == job_id and job.receipt_handle != old and job.attempts == 1
+    await _refused(service, job_id, old)
+    assert (await service.get(job_id)).status is JobStatus.PROCESSING
+    done = await service.ack(job_id, job.receipt_handle, {"ok": True})
+    assert done.status is JobStatus.COMPLETED and done.result == {"ok": True}
+    assert await _counts(clean_database) == (0, 1)
+
+
+async def _copies(url: str, job_id: uuid.UUID) -> tuple[int, int]:
+    """How many rows of `job_id` `job` and `job_history` hold."""
+    connection = await asyncpg.connect(url)
+    try:
+        row = await connection.fetchrow(
+            "SELECT (SELECT count(*) FROM job WHERE id = $1) AS live,"
+            " (SELECT count(*) FROM job_history WHERE id = $1) AS finished",
+            job_id,
+        )
+        return int(row["live"]), int(row["finished"])
+    finally:
+        await connection.close()
+
+
+async def _waiting_for_a_lock(connection: asyncpg.Connection) -> None:
+    """Return once a session of the queue service's pool waits for a row lock."""
+    for _ in range(400):
+        waiting = await connection.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'jobq-queue' AND wait_event_type = 'Lock'"
+        )
+        if waiting:
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError("the retry never waited for the redrive's lock")
+
+
+async def test_a_retry_racing_a_redrive_of_one_dead_letter_revives_it_once(
     repository: JobRepository, clean_database: str
 ) -> None:
-    ids = await _claimed(repository, 400)
-    stop = asyncio.Event()
-    seen: list[int] = []
+    """A retry and a redrive of the same dead letter at once revive it once: one live row,
+    none left in the history. Redrive first: the retry waits for its lock, then finds the
+    job live and is refused as today (InvalidState, 409). Retry first: the redrive skips the
+    locked row and moves nothing (0). Then both at once, freely, twenty times: exactly one
+    of the two revives the job each time."""
+    service = _service(repository)
+    holder = await asyncpg.connect(clean_database)
+    try:
+        [first] = await _dead_letters(repository, 1, "first")
+        async with holder.transaction():
+            moved = await holder.fetchrow(REDRIVE_STATEMENT, None, None, 500, None)
+            assert moved["moved"] == 1
+            retrying = asyncio.create_task(service.retry(first))
+            await _waiting_for_a_lock(holder)
+        with pytest.raises(InvalidState):
+            await retrying
+        assert await _copies(clean_database, first) == (1, 0)
 
-    async def read() -> None:
-        connection = await asyncpg.connect(clean_database)
-        try:
-            while not stop.is_set():
-                # By id (each job, both tables) and as a listing (every job at once).
-                found = await connection.fetch(
-                    "SELECT id FROM job_all WHERE id = ANY($1::uuid[])", ids
-                )
-                seen.append(len(found))
-                one = await connection.fetch(GET_STATEMENT, ids[len(seen) % len(ids)], None)
-                seen.append(len(one) * len(ids))
-        finally:
-            await connection.close()
+        [second] = await _dead_letters(repository, 1, "second")
+        async with holder.transaction():
+            assert len(await holder.fetch(RETRY_STATEMENT, second, None)) == 1
+            assert await asyncio.wait_for(service.redrive(None, None, None), 10) == 0
+        assert await _copies(clean_database, second) == (1, 0)
+    finally:
+        await holder.close()
 
-    readers = [asyncio.create_task(read()) for _ in range(3)]
-    views = await repository.get_many(ids)
-    handles = {view.id: view for view in views}
-    leases = await repository.leases(ids)
-    for start in range(0, len(ids), 20):
-        batch = ids[start : start + 20]
-        await repository.ack_many([(i, leases[i][0], None) for i in batch])  # type: ignore[misc]
-        await asyncio.sleep(0)
-    stop.set()
-    await asyncio.gather(*readers)
-    assert handles and seen
-    assert set(seen) == {len(ids)}, "a read saw a job twice or not at all"
-    assert await _counts(clean_database) == (0, len(ids))
-
-
-async def _generic_plan(connection: asyncpg.Connection, statement: str, args: str) -> str:
-    name = f"history_plan_{next(_PREPARED)}"
-    await connection.execute("SET plan_cache_mode = force_generic_plan")
-    await connection.execute(f"PREPARE {name} AS {statement}")
-    rows = await connection.fetch(f"EXPLAIN EXECUTE {name}({args})")
-    return "\n".join(row[0] for row in rows)
+    for round_ in range(20):
+        [job_id] = await _dead_letters(repository, 1, f"race-{round_}")
+        retried, redriven = await asyncio.gather(
+            service.retry(job_id), service.redrive(None, None, None), return_exceptions=True
+        )
+        if isinstance(retried, InvalidState):
+            assert redriven == 1, (retried, redriven)
+        else:
+            assert isinstance(retried, JobView) and retried.status is JobStatus.PENDING, retried
+            assert redriven == 0, (retried, redriven)
+        assert await _copies(clean_database, job_id) == (1, 0)
 
 
-async def _fill_history(connection: asyncpg.Connection, analyze: bool = True) -> None:
-    """A live table of 10,100 jobs and a history of 40,000 (half dead letters) finished in
-    the last minute; statistics taken unless not `analyze` (a server without autovacuum, or
-    partitions filled since its last pass)."""
-    await connection.fetch(ENQUEUE_ASYNCPG, encode_rows([new_job() for _ in range(100)]))
-    await connection.execute(
-        "INSERT INTO job (id, queue, task_type, payload, status, max_attempts, visible_at)"
-        " SELECT gen_random_uuid(), 'default', 'noop', '{}', 'PENDING', 5, now()"
-        " FROM generate_series(1, 10000)"
-    )
-    await connection.execute(
-        "INSERT INTO job_history (id, tenant, queue, task_type, payload, status, priority,"
-        " attempts, releases, max_attempts, visible_at, ready_at, cancel_requested, awaited,"
-        " errors, created_at, updated_at, finished_at)"
-        " SELECT gen_random_uuid(), 'default', 'default', 'noop', '{}',"
-        " CASE WHEN i % 2 = 0 THEN 'DEAD_LETTER' ELSE 'COMPLETED' END, 0, 1, 0, 5, now(),"
-        " now(), false, false, '[]', now(), now(), now() - make_interval(secs => i % 60)"
-        " FROM generate_series(1, 40000) AS i"
-    )
-    if analyze:
-        await connection.execute("ANALYZE job")
-        await connection.execute("ANALYZE job_history")
+async def test_the_hot_table_keeps_the_autovacuum_settings_the_migrations_chose(
+    clean_database: str,
+) -> None:
+    """`job`, migrated by alembic, carries the storage parameters docs/architecture.md
+    ("Autovacuum of `job`") describes and `models.AUTOVACUUM_SETTINGS` declares: room on
+    each page for the claim's and the heartbeat's new row versions, vacuum and statistics
+    after 2 % of the rows changed, an unthrottled vacuum."""
+    connection = await asyncpg.connect(clean_database)
+    try:
+        options = await connection.fetchval(
+            "SELECT reloptions FROM pg_class WHERE oid = 'job'::regclass"
+        )
+    finally:
+        await connection.close()
+    assert sorted(options or []) == [
+        "autovacuum_analyze_scale_factor=0.02",
+        "autovacuum_vacuum_cost_delay=0",
+        "autovacuum_vacuum_scale_factor=0.02",
+        "fillfactor=80",
+    ]
+    declared = AUTOVACUUM_SETTINGS["postgresql_with"]
+    assert dict(option.split("=", 1) for option in options) == declared
 
 
 async def test_reads_across_live_and_history_walk_indexes_and_prune_partitions(
-    clean_database: str,
+    repository: JobRepository, clean_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Reads by id, retry and redrive reach the history through each partition's index; the
+    statements the service runs with a status read only that status's tree of partitions
+    (the listing's history walk, the depth's dead letters, the redrive); retention's row
+    deletes read the DEFAULT partition they name, never a slot (a slot past retention is
+    dropped whole, no statement of the service reads the history by a range of
+    `finished_at`)."""
+    # Retention's statements as History runs them (recorded, then planned below).
+    ran: list[tuple[str, tuple[object, ...]]] = []
+    fetch = repository.fetch
+
+    async def recording(statement: str, *args: object) -> list[asyncpg.Record]:
+        ran.append((statement, args))
+        return await fetch(statement, *args)
+
+    monkeypatch.setattr(repository, "fetch", recording)
+    await History(repository, 86_400.0, 3 * 86_400.0, 3 * 86_400.0).maintain()
+    purges = {statement: args for statement, args in ran if "finished_at < $1" in statement}
+    assert len(purges) == 2, ran  # one per tree
     connection = await asyncpg.connect(clean_database)
     try:
-        await _fill_history(connection)
-        by_id = await _generic_plan(connection, GET_STATEMENT, "gen_random_uuid(), NULL")
-        retry = await _generic_plan(connection, RETRY_STATEMENT, "gen_random_uuid(), NULL")
-        redrive = await _generic_plan(connection, REDRIVE_STATEMENT, "NULL, NULL, 500, NULL")
-        now = datetime.now(UTC)
-        start = now.replace(minute=0, second=0, microsecond=0)
-        window = await connection.fetch(
-            "EXPLAIN SELECT count(*) FROM job_history WHERE status = 'COMPLETED'"
-            " AND finished_at >= $1 AND finished_at < $2",
-            start,
-            start + timedelta(hours=1),
-        )
+        await fill_history(connection)
+        by_id = await generic_plan(connection, GET_STATEMENT, "gen_random_uuid(), NULL")
+        retry = await generic_plan(connection, RETRY_STATEMENT, "gen_random_uuid(), NULL")
+        redrive = await generic_plan(connection, REDRIVE_STATEMENT, "NULL, NULL, 500, NULL")
+        completed = listing_statement(["status = $1"], False, 2, 3, JobStatus.COMPLETED)
+        listing = await generic_plan(connection, completed, "'COMPLETED', 50, 1000000")
+        depth = await generic_plan(connection, depth_statement(), "")
+        purged = {
+            statement: await generic_plan(connection, statement, literals(*args))
+            for statement, args in purges.items()
+        }
         empty = {
             row["relname"]
             for row in await connection.fetch(
@@ -269,11 +660,19 @@ async def test_reads_across_live_and_history_walk_indexes_and_prune_partitions(
     # The redrive reads the dead letters' partitions only, in id order.
     assert "job_history_done" not in redrive, redrive
     assert "job_history_dead_" in redrive, redrive
-    # A window of finished_at reads only the partitions that may hold it.
-    plan = "\n".join(row[0] for row in window)
-    assert "job_history_dead" not in plan, plan
-    assert "job_history_done_default" not in plan, plan
-    assert plan.count("job_history_done_") == 1, plan
+    # A listing of completed jobs walks the history's `done` tree only (the status is a
+    # parameter: the dead tree is pruned when the plan starts), and no leased row.
+    assert "Subplans Removed: 1" in listing, listing
+    assert "job_history_dead" not in listing, listing
+    assert "job_history_done_" in listing, listing
+    # The depth counts dead letters in the dead tree only.
+    assert "job_history_done" not in depth, depth
+    assert "job_history_dead_" in depth, depth
+    # Retention's deletes of rows the DEFAULT partitions caught read just those partitions.
+    for statement, plan in purged.items():
+        tree = "done" if "job_history_done_default" in statement else "dead"
+        read = set(re.findall(r"on (job_history_\w+)", plan))
+        assert read == {f"job_history_{tree}_default"}, plan
 
 
 async def test_listings_walk_indexes_and_leased_jobs_stay_out_of_the_listing_indexes(
@@ -283,7 +682,7 @@ async def test_listings_walk_indexes_and_leased_jobs_stay_out_of_the_listing_ind
     # and every listing still reaches the table by an index: the leased rows by the reaper's.
     connection = await asyncpg.connect(clean_database)
     try:
-        await _fill_history(connection)
+        await fill_history(connection)
         leased = await _claimed(repository, 50)
         await connection.execute("ANALYZE job")
         definitions = dict(
@@ -303,10 +702,10 @@ async def test_listings_walk_indexes_and_leased_jobs_stay_out_of_the_listing_ind
         for name, (conditions, args, status) in cases.items():
             at = len(conditions) + 1
             statement = listing_statement(conditions, False, at, at + 1, status)
-            plans[name] = await _generic_plan(
+            plans[name] = await generic_plan(
                 connection, statement, f"{args + ', ' if conditions else ''}50, 1000000"
             )
-        counts = await _generic_plan(connection, depth_statement("$1"), "'default'")
+        counts = await generic_plan(connection, depth_statement("$1"), "'default'")
     finally:
         await connection.close()
     assert len(definitions) == 3, definitions
@@ -356,9 +755,9 @@ async def test_the_enqueue_probes_the_history_by_index_whatever_its_statistics(
     # soak on a server without autovacuum: 0.5 s per 100-job insert by minute 30).
     connection = await asyncpg.connect(clean_database)
     try:
-        await _fill_history(connection, analyze=False)
+        await fill_history(connection, analyze=False)
         rows = encode_rows([new_job() for _ in range(100)])
-        plan = await _generic_plan(connection, ENQUEUE_ASYNCPG, f"'{rows}'")
+        plan = await generic_plan(connection, ENQUEUE_ASYNCPG, f"'{rows}'")
     finally:
         await connection.close()
     assert "Anti Join" not in plan and "Hash Join" not in plan, plan

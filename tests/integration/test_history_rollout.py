@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
+import time
+import uuid
+from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 
+from services.queue import history
 from services.queue.app import create_app
+from services.queue.repository import SWEEP_STATEMENT, JobRepository
 from services.queue.settings import QueueSettings
 from tests.conftest import _admin, migrate, serving
 
@@ -34,6 +41,19 @@ SELECT gen_random_uuid(), 'default', 'default', 'noop', '{"n": 1}',
 FROM generate_series(1, $1) AS i
 """
 
+# Probes spread over the sweep's order (oldest `finished_at` first, by ix_job_retention): the
+# first and second rows (the first batch), a quarter, the middle, three quarters, and the
+# last rows but the dead letter set aside (the last batch; OFFSET counts from 0).
+_PROBE = """
+SELECT id, status FROM job WHERE status IN ('COMPLETED', 'CANCELLED', 'DEAD_LETTER')
+  AND id <> $2 ORDER BY finished_at OFFSET $1 LIMIT 1
+"""
+
+SLOWEST_BATCH = 15.0
+"""Seconds one sweep statement of at most `history.BATCH` rows may take: generous (such a
+statement takes milliseconds), it says that the sweep is a series of short transactions,
+never one long one over the million rows."""
+
 # How the previous release completes a job: in place, leaving it in `job`.
 _OLD_ACK = """
 UPDATE job SET status = 'COMPLETED', finished_at = now(), updated_at = now(), locked_by = NULL
@@ -41,10 +61,33 @@ WHERE id = (SELECT id FROM job WHERE status = 'PENDING' ORDER BY id LIMIT 1) RET
 """
 
 
+# About 60-75 s here (the fill, then 2,001 sweep statements), past half the suite's 120 s
+# `timeout`: room for a slower machine, beyond the reader's own 10-minute bound.
+@pytest.mark.timeout(900)
 async def test_a_million_finished_rows_move_to_the_history_while_the_services_run(
-    postgres_base: str, fresh_database_name: str, redis_url: str
+    postgres_base: str, fresh_database_name: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Expand: the migration adds the history and moves nothing; the previous release keeps
+    completing jobs in place. The new release's loop then sweeps the million finished rows
+    (plus that one) into the history in statements of at most `history.BATCH` rows, each
+    short, while it serves 50 jobs end to end; finished jobs spread over the whole sweep
+    (its first, middle and last batches) are read over HTTP throughout, never a 404 and
+    always with their status; afterwards no finished row is left in `job` and every job is
+    in `job_all` exactly once. A dead letter the previous release left comes back as live
+    work, and its idempotency key still holds."""
     name = fresh_database_name
+    sweeps: list[tuple[int, int, float]] = []
+    fetch = JobRepository.fetch
+
+    async def timed(self: JobRepository, statement: str, *args: Any) -> list[asyncpg.Record]:
+        # Each sweep statement of the app's loop: its limit, the rows it moved, its time.
+        started = time.monotonic()
+        rows = await fetch(self, statement, *args)
+        if statement is SWEEP_STATEMENT:
+            sweeps.append((args[0], int(rows[0]["moved"]), time.monotonic() - started))
+        return rows
+
+    monkeypatch.setattr(JobRepository, "fetch", timed)
     url = f"{postgres_base}/{name}"
     await _admin(
         postgres_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"'
@@ -60,12 +103,21 @@ async def test_a_million_finished_rows_move_to_the_history_while_the_services_ru
                 " FROM generate_series(1, 100)"
             )
             await connection.execute("ANALYZE job")
-            probe = await connection.fetchval(
-                "SELECT id FROM job WHERE status = 'COMPLETED' ORDER BY finished_at LIMIT 1"
-            )
             old_dead = await connection.fetchval(
                 "SELECT id FROM job WHERE status = 'DEAD_LETTER' ORDER BY id LIMIT 1"
             )
+            probes: dict[uuid.UUID, str] = {}
+            for offset in (0, 1, ROWS // 4, ROWS // 2, 3 * ROWS // 4, ROWS - 3, ROWS - 2):
+                row = await connection.fetchrow(_PROBE, offset, old_dead)
+                probes[row["id"]] = row["status"]
+            assert len(probes) == 7 and len(set(probes.values())) > 1, probes
+            late = [
+                row["id"]
+                for row in await connection.fetch(
+                    "SELECT id FROM job WHERE id = ANY($1) ORDER BY finished_at DESC LIMIT 4",
+                    list(probes),
+                )
+            ]
 
             # Expand: the migration adds the history and moves nothing.
             migrate(url, "upgrade", "head")
@@ -81,8 +133,8 @@ async def test_a_million_finished_rows_move_to_the_history_while_the_services_ru
                 database_url=url, redis_url=redis_url, queue_retention_interval=0.5
             )
             async with serving(create_app(settings)) as client:
-                reads, served = await asyncio.gather(
-                    _read_while_moving(client, connection, probe),
+                read_live, served = await asyncio.gather(
+                    _read_while_moving(client, connection, probes),
                     _serve_while_moving(client, connection),
                 )
                 # A dead letter the previous release left comes back as live work.
@@ -95,7 +147,23 @@ async def test_a_million_finished_rows_move_to_the_history_while_the_services_ru
                 )
                 assert conflict.status_code == 409, conflict.text
 
-            assert reads > 0 and served == 50
+            assert served == 50
+            # The reads covered the sweep from its middle to its end: the four probes of the
+            # second half were read (200, their status) while still in `job`, before their
+            # batch moved them (the first batch may go before the first read).
+            if ROWS >= 100_000:  # a smaller run (JOBQ_ROLLOUT_ROWS) may sweep before a read
+                assert set(late) <= read_live, (late, read_live)
+            # Bounded batches: every sweep statement moved at most BATCH rows, and together
+            # they moved every finished row the previous release left (the million and the
+            # one it completed after the migration), each in a short statement.
+            assert sweeps, "the loop never swept"
+            assert {limit for limit, _, _ in sweeps} == {history.BATCH}
+            assert max(moved for _, moved, _ in sweeps) <= history.BATCH
+            assert sum(moved for _, moved, _ in sweeps) == ROWS + 1
+            assert len(sweeps) >= (ROWS + 1) / history.BATCH
+            seconds = [taken for _, moved, taken in sweeps if moved]
+            slowest = max(seconds)
+            assert slowest < SLOWEST_BATCH, (slowest, statistics.median(seconds))
             finished_left = await connection.fetchval(
                 "SELECT count(*) FROM job WHERE status <> ALL('{PENDING,SCHEDULED,PROCESSING}')"
             )
@@ -110,19 +178,26 @@ async def test_a_million_finished_rows_move_to_the_history_while_the_services_ru
 
 
 async def _read_while_moving(
-    client: httpx.AsyncClient, connection: asyncpg.Connection, probe: object
-) -> int:
-    """Read one old finished job over HTTP until every finished row left `job`: every read
-    finds it (never a 404 while it moves). Returns how many reads were made."""
-    for reads in range(1, 6001):
-        reply = await client.get(f"/jobs/{probe}")
-        assert reply.status_code == 200, reply.text
-        assert reply.json()["status"] == "COMPLETED"
+    client: httpx.AsyncClient, connection: asyncpg.Connection, probes: dict[uuid.UUID, str]
+) -> set[uuid.UUID]:
+    """Read the `probes` (finished jobs: id → status) over HTTP until every finished row
+    left `job`: every read finds each with its status (never a 404 while it moves). Returns
+    the probes read while still in `job` (found there after the read: the read came before
+    their move)."""
+    read_live: set[uuid.UUID] = set()
+    for _ in range(6000):
+        for probe, status in probes.items():
+            reply = await client.get(f"/jobs/{probe}")
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["status"] == status, reply.text
+        still = await connection.fetch("SELECT id FROM job WHERE id = ANY($1)", list(probes))
+        read_live |= {row["id"] for row in still}
         left = await connection.fetchval(
-            "SELECT count(*) FROM (SELECT FROM job WHERE status = 'COMPLETED' LIMIT 1) AS one"
+            "SELECT count(*) FROM (SELECT FROM job"
+            " WHERE status IN ('COMPLETED', 'CANCELLED', 'DEAD_LETTER') LIMIT 1) AS one"
         )
         if not left:
-            return reads
+            return read_live
         await asyncio.sleep(0.1)
     raise AssertionError("the finished rows were not moved within 10 minutes")
 
