@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -64,6 +65,9 @@ _ACK_LINGER = 0.002
 to finish before it long-polls again (so their acks ride that long poll)."""
 _HEARTBEAT_TICK = 0.1
 """Seconds between looks for leases due to be extended (and acks waiting too long)."""
+_DEADLINE_TICK = 0.1
+"""Seconds between looks for processors past their timeout: a timeout is enforced at most this
+late, with no timer of its own per job (one per job cost the worker more than its claim did)."""
 _HEARTBEAT_RETRY = 1.0
 """Seconds before a failed heartbeat is tried again."""
 PROGRESS_INTERVAL = 2.0
@@ -77,15 +81,24 @@ class Stop(enum.Enum):
     CANCEL_REQUESTED = "cancel requested"
     LEASE_LOST = "lease lost"
     SHUTDOWN = "shutdown"
+    TIMED_OUT = "timed out"
 
 
 @dataclass
 class Running:
-    """A job in progress: its message, its processor task, why it was stopped (if it was),
-    when it was claimed and when its lease is next extended (monotonic seconds)."""
+    """A job in progress: its message, the task handling it, whether its processor is running
+    and until when (its timeout), why it was stopped (if it was), when it was claimed and when
+    its lease is next extended (monotonic seconds)."""
 
     job: JobMessage
-    task: asyncio.Task[Any] | None = None
+    owner: asyncio.Task[Any] | None = None
+    """The task that runs the processor and then reports (`Worker._run`)."""
+    in_processor: bool = False
+    deadline: float = math.inf
+    """When the processor's timeout runs out (monotonic seconds; inf while none runs)."""
+    timeout: float = 0.0
+    cancel_sent: bool = False
+    """Whether `interrupt` cancelled `owner` (once at most)."""
     stop: Stop | None = None
     claimed: float = field(default_factory=time.monotonic)
     next_heartbeat: float = 0.0
@@ -112,11 +125,14 @@ class Running:
         self.next_heartbeat = min(self.next_heartbeat, self.last_heartbeat + PROGRESS_INTERVAL)
 
     def interrupt(self, reason: Stop) -> None:
-        """Stop the processor for `reason` (the first reason wins)."""
+        """Stop the processor for `reason` (the first reason wins): cancel its task while the
+        processor runs, so the CancelledError lands in the processor's code, never in the
+        report that follows it."""
         if self.stop is None:
             self.stop = reason
-        if self.task is not None:
-            self.task.cancel()
+        if self.in_processor and not self.cancel_sent and self.owner is not None:
+            self.cancel_sent = True
+            self.owner.cancel()
 
 
 def _heartbeat_interval(job: JobMessage) -> float:
@@ -162,10 +178,11 @@ class Worker:
         self._connected = False
         self._repeats = RepeatedEvents()
         self._claim_failures = FailureRun(logger, "claim")
+        metrics.active_jobs.set_function(lambda: self._busy)
 
     @property
     def _processing(self) -> list[Running]:
-        return [running for running in self._tasks.values() if running.task is not None]
+        return [running for running in self._tasks.values() if running.in_processor]
 
     async def run(self, shutdown: asyncio.Event) -> None:
         """Claim and run jobs until `shutdown` is set, then give running jobs up to
@@ -174,6 +191,7 @@ class Worker:
         concurrency = self._settings.worker_concurrency
         async with asyncio.TaskGroup() as tasks:
             heartbeats = tasks.create_task(self._heartbeat_loop())
+            deadlines = tasks.create_task(self._deadline_loop())
             # A finished job frees a slot, which always leads to a claim: its ack rides along.
             self._settler.carry_acks = True
             while not shutdown.is_set():
@@ -186,11 +204,10 @@ class Worker:
                 jobs = await self._next_jobs(free, shutdown)
                 for job in jobs:
                     running = Running(job)
-                    task = tasks.create_task(self._run_guarded(running))
+                    task = running.owner = tasks.create_task(self._run_guarded(running))
                     self._tasks[task] = running
                     self._busy += 1
                     task.add_done_callback(self._finished)
-                self._metrics.active_jobs.set(self._busy)
                 if 0 < len(jobs) < free:
                     # The queue ran dry, so the next claim will wait for work: give the jobs
                     # just started a moment to finish, so their acks travel with it instead
@@ -201,6 +218,7 @@ class Worker:
             self._settler.carry_acks = False
             await self._drain()
             heartbeats.cancel()
+            deadlines.cancel()
         await self._settler.aclose()
 
     async def _gather_finishing(self) -> None:
@@ -265,7 +283,6 @@ class Worker:
         if running.holds_slot:
             running.holds_slot = False
             self._busy -= 1
-            self._metrics.active_jobs.set(self._busy)
             self._slot_freed.set()
 
     def _finished(self, task: asyncio.Task[None]) -> None:
@@ -309,15 +326,9 @@ class Worker:
         else:
             if tracing.tracer is not None:
                 running.span = start_attempt(tracing.tracer, job, self._settings.worker_name)
-            running.task = asyncio.create_task(self._invoke(registration, running))
-            try:
-                outcome = await running.task
-            except asyncio.CancelledError:
-                if running.stop is None:
-                    raise
-                outcome = running.stop
-            finally:
-                running.task = None
+            outcome = await self._invoke_stoppable(registration, running)
+            if outcome is Stop.TIMED_OUT:
+                outcome = Failure(f"timed out after {running.timeout:g}s (timeoutSeconds)")
         if running.span is not None:
             _end_span(running.span, outcome)
         self._free_slot(running)
@@ -329,10 +340,51 @@ class Worker:
         else:
             await self._report_success(running, outcome, duration)
 
-    async def _invoke(self, registration: Registration, running: Running) -> Any:
-        """Run the processor under its timeout; returns its result or a Failure."""
+    async def _invoke_stoppable(self, registration: Registration, running: Running) -> Any:
+        """Run the processor in this task (no task of its own) until it returns or
+        `Running.interrupt` stops it (a cancel request, a lost lease, shutdown, or its timeout
+        run out, which `_deadline_loop` watches); returns its result, a Failure, or the Stop.
+
+        Our own cancel is taken back here (`Task.uncancel`, as `asyncio.timeout` does), so the
+        report that follows runs normally; a cancel from elsewhere (the task group's) still
+        propagates."""
         job = running.job
-        timeout = registration.timeout(job.timeout_seconds, self._settings.worker_job_timeout)
+        running.timeout = registration.timeout(
+            job.timeout_seconds, self._settings.worker_job_timeout
+        )
+        running.deadline = time.monotonic() + running.timeout
+        running.in_processor = True
+        consumed = False
+        try:
+            return await self._invoke(registration, running)
+        except asyncio.CancelledError:
+            if not running.cancel_sent or running.stop is None:
+                raise
+            consumed = True
+            owner = running.owner
+            if owner is not None and owner.uncancel() > 0:
+                raise  # cancelled from elsewhere as well
+            return running.stop
+        finally:
+            running.in_processor = False
+            running.deadline = math.inf
+            if running.cancel_sent and not consumed and running.owner is not None:
+                running.owner.uncancel()  # the processor swallowed our cancel
+
+    async def _deadline_loop(self) -> None:
+        """Stop processors past their timeout, every `_DEADLINE_TICK` seconds, until
+        cancelled."""
+        while True:
+            await asyncio.sleep(_DEADLINE_TICK)
+            now = time.monotonic()
+            for running in list(self._tasks.values()):
+                if running.deadline <= now:
+                    running.interrupt(Stop.TIMED_OUT)
+
+    async def _invoke(self, registration: Registration, running: Running) -> Any:
+        """Run the processor; returns its result or a Failure (its timeout is watched by
+        `_deadline_loop`)."""
+        job = running.job
         context = JobContext(
             id=job.id,
             task_type=job.task_type,
@@ -343,15 +395,10 @@ class Worker:
             progress_sink=running.report_progress,
         )
         try:
-            async with asyncio.timeout(timeout) as deadline:
-                if running.span is None:
-                    return await registration.processor(context)
-                with trace.use_span(running.span, end_on_exit=False):
-                    return await registration.processor(context)
-        except TimeoutError:
-            if deadline.expired():
-                return Failure(f"timed out after {timeout:g}s (timeoutSeconds)")
-            return Failure("TimeoutError raised by the processor")
+            if running.span is None:
+                return await registration.processor(context)
+            with trace.use_span(running.span, end_on_exit=False):
+                return await registration.processor(context)
         except Retry as exc:
             return Failure(str(exc), retry_after=exc.after)
         except NonRetryable as exc:

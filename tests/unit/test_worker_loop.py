@@ -386,3 +386,58 @@ async def test_a_queue_service_outage_is_one_claim_warning_and_one_recovery(
     events = [getattr(r, "event", "") for r in caplog.records]
     assert events.count("claim_failed") == 1
     assert events.count("claim_recovered") == 1
+
+
+async def test_a_processor_that_swallows_its_stop_still_reports_its_result() -> None:
+    """The stop is a cancel of the job's own task: taken back once the processor returns, so
+    the report after it (an ack here) runs with nothing left pending against it."""
+    seen: list[str] = []
+
+    async def stubborn(job: JobContext) -> dict[str, bool]:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+        await asyncio.sleep(0.01)  # not cancelled a second time
+        return {"finished": True}
+
+    queue = FakeQueue()
+    job = queue.add("stubborn")
+    _, shutdown, task = await _running(queue, {"stubborn": stubborn}, worker_visibility_timeout=1)
+    await _until(lambda: queue.status(job) is JobStatus.PROCESSING)
+    queue.cancel.add(job)
+
+    await _until(lambda: queue.status(job) is JobStatus.COMPLETED)
+    shutdown.set()
+    await task
+    assert seen == ["cancelled"]
+    assert queue.jobs[job]["result"] == {"finished": True}
+
+
+async def test_a_timeout_is_never_early_and_a_processors_own_timeout_error_is_its_failure() -> None:
+    started: dict[str, float] = {}
+    stopped: dict[str, float] = {}
+
+    async def slow(job: JobContext) -> None:
+        loop = asyncio.get_running_loop()
+        started["slow"] = loop.time()
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            stopped["slow"] = loop.time()
+
+    async def upstream(job: JobContext) -> None:
+        raise TimeoutError("upstream slow")
+
+    queue = FakeQueue()
+    hung = queue.add("slow", timeout=1)
+    own = queue.add("upstream")
+    _, shutdown, task = await _running(queue, {"slow": slow, "upstream": upstream})
+
+    await _until(lambda: queue.status(hung) is JobStatus.SCHEDULED)
+    await _until(lambda: queue.status(own) is JobStatus.SCHEDULED)
+    shutdown.set()
+    await task
+    assert stopped["slow"] - started["slow"] >= 1.0
+    assert queue.jobs[hung]["errors"] == ["timed out after 1s (timeoutSeconds)"]
+    assert queue.jobs[own]["errors"] == ["TimeoutError: upstream slow"]
