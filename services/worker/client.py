@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 
 from common.coalesce import Coalescer
 from common.contracts import (
@@ -103,15 +104,32 @@ class QueueClient:
         return await self._http.live()
 
 
-def _check(job_id: uuid.UUID, status: int) -> None:
+def _resolve(
+    future: asyncio.Future[AckResult | None], answer: AckResult | BaseException | None
+) -> None:
+    if future.done():
+        return
+    if isinstance(answer, BaseException):
+        future.set_exception(answer)
+    else:
+        future.set_result(answer)
+
+
+def check_status(job_id: uuid.UUID, status: int) -> None:
+    """Raise for a settle's per-job status: StaleReceiptHandle for 409 (the lease was lost),
+    JobNotFound for 404; return for 200."""
     if status == 409:
         raise StaleReceiptHandle(f"the lease on job {job_id} was lost")
     if status == 404:
         raise JobNotFound(f"no job has id {job_id}")
 
 
-Carried = tuple[AckEntry, "asyncio.Future[AckResult | None]"]
-"""An ack waiting for a claim to carry it, and where its answer goes (None: send it alone)."""
+AckAnswer = Callable[[AckResult | BaseException | None], None]
+"""Called once with a carried ack's answer: the claim's result for it, the claim's error, or
+None when no claim took it (a long poll began, or shutdown) and it must be sent on its own."""
+
+Carried = tuple[AckEntry, AckAnswer]
+"""An ack waiting for a claim to carry it, and what to call with its answer."""
 
 HOLD_MAX = 0.25
 """Seconds an ack may wait for a claim to carry it (a claim in flight may be a long poll);
@@ -125,7 +143,8 @@ class Settler:
     While `carry_acks` is on, acks wait instead, and the worker takes them (`take_acks`) into
     its next claim, which completes them in the same statement: one round trip per cycle
     instead of two. Acks that waited `HOLD_MAX` seconds (the claim in flight turned out to be a
-    long poll) are sent on their own (`send_stale`).
+    long poll) are sent on their own (`send_stale`). `carry` holds an ack with a callback for
+    its answer, so the job's task need not wait for it; `ack` waits.
 
     Every method answers for its own job once the request that carried it returned: raises
     StaleReceiptHandle when the lease was lost (409), JobNotFound (404), or the error of the
@@ -159,10 +178,9 @@ class Settler:
             self._send_held()
 
     def _send_held(self) -> None:
-        for _, future in self._carried:
-            if not future.done():
-                future.set_result(None)
-        self._carried = []
+        held, self._carried = self._carried, []
+        for _, answer in held:
+            answer(None)
 
     def send_stale(self) -> None:
         """Send waiting acks on their own when the oldest waited `HOLD_MAX` seconds."""
@@ -180,46 +198,48 @@ class Settler:
     def answer_acks(taken: list[Carried], results: list[AckResult] | BaseException) -> None:
         """Answer acks a claim carried: with the claim's per-ack results, or its error."""
         if isinstance(results, BaseException):
-            for _, future in taken:
-                if not future.done():
-                    future.set_exception(results)
+            for _, answer in taken:
+                answer(results)
             return
         by_id = {result.id: result for result in results}
-        for entry, future in taken:
-            if future.done():
-                continue
+        for entry, answer in taken:
             result = by_id.get(entry.id)
-            if result is None:
-                future.set_exception(JobqError(f"the claim answered no ack for job {entry.id}"))
-            else:
-                future.set_result(result)
+            answer(result or JobqError(f"the claim answered no ack for job {entry.id}"))
+
+    def carry(self, entry: AckEntry, answer: AckAnswer) -> bool:
+        """Hold one job's ack for the next claim, `answer` to be called once with what became
+        of it (`AckAnswer`); False, holding nothing, when acks are not carried now or
+        `CLAIM_MAX` already wait: then send it with `ack`."""
+        if not self._carry or len(self._carried) >= CLAIM_MAX:
+            return False
+        if not self._carried:
+            self._held_since = time.monotonic()
+        self._carried.append((entry, answer))
+        return True
 
     async def ack(self, entry: AckEntry) -> AckResult:
         """Complete one job (carried by the next claim, or batched)."""
-        if self._carry and len(self._carried) < CLAIM_MAX:
-            future: asyncio.Future[AckResult | None] = asyncio.get_running_loop().create_future()
-            if not self._carried:
-                self._held_since = time.monotonic()
-            self._carried.append((entry, future))
+        future: asyncio.Future[AckResult | None] = asyncio.get_running_loop().create_future()
+        if self.carry(entry, lambda answer: _resolve(future, answer)):
             carried = await future
             if carried is not None:
-                _check(entry.id, carried.status)
+                check_status(entry.id, carried.status)
                 return carried
             # No claim took it (a long poll began, or shutdown): it goes on its own.
         result = await self._acks.submit(entry)
-        _check(entry.id, result.status)
+        check_status(entry.id, result.status)
         return result
 
     async def fail(self, entry: FailEntry) -> FailResult:
         """Report one failed attempt (batched); the result says the job's status now."""
         result = await self._fails.submit(entry)
-        _check(entry.id, result.status)
+        check_status(entry.id, result.status)
         return result
 
     async def heartbeat(self, entry: HeartbeatEntry) -> HeartbeatResult:
         """Extend or release one lease (batched); the result carries any cancel request."""
         result = await self._heartbeats.submit(entry)
-        _check(entry.id, result.status)
+        check_status(entry.id, result.status)
         return result
 
     async def cancelled(self, job_id: uuid.UUID, receipt_handle: uuid.UUID) -> JobView:

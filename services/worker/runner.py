@@ -19,6 +19,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import msgspec
@@ -35,6 +36,7 @@ from common.contracts import (
     PROGRESS_MESSAGE_MAX_CHARS,
     RESULT_MAX_BYTES,
     AckEntry,
+    AckResult,
     ClaimResponse,
     FailEntry,
     HeartbeatEntry,
@@ -47,7 +49,7 @@ from common.logging import FailureRun, RepeatedEvents
 from common.text import sanitize_result, sanitize_text
 from common.web import tracing
 from jobq.processors import JobContext, NonRetryable, ProcessorRegistry, Registration, Retry
-from services.worker.client import QueueClient, Settler
+from services.worker.client import QueueClient, Settler, check_status
 from services.worker.metrics import WorkerMetrics
 from services.worker.settings import WorkerSettings
 from services.worker.tracing import end_attempt, start_attempt
@@ -178,6 +180,8 @@ class Worker:
         self._connected = False
         self._repeats = RepeatedEvents()
         self._claim_failures = FailureRun(logger, "claim")
+        self._group: asyncio.TaskGroup | None = None
+        """The task group of `run`, for the reports a carried ack hands back (`_ack_answered`)."""
         metrics.active_jobs.set_function(lambda: self._busy)
 
     @property
@@ -190,6 +194,7 @@ class Worker:
         so another worker takes them at once instead of after their lease expires."""
         concurrency = self._settings.worker_concurrency
         async with asyncio.TaskGroup() as tasks:
+            self._group = tasks
             heartbeats = tasks.create_task(self._heartbeat_loop())
             deadlines = tasks.create_task(self._deadline_loop())
             # A finished job frees a slot, which always leads to a claim: its ack rides along.
@@ -219,6 +224,7 @@ class Worker:
             await self._drain()
             heartbeats.cancel()
             deadlines.cancel()
+        self._group = None
         await self._settler.aclose()
 
     async def _gather_finishing(self) -> None:
@@ -338,7 +344,14 @@ class Worker:
         elif isinstance(outcome, Failure):
             await self._report_failure(running, outcome, duration)
         else:
-            await self._report_success(running, outcome, duration)
+            job = running.job
+            entry = AckEntry(id=job.id, receipt_handle=job.receipt_handle, result=storable(outcome))
+            # Usually the ack waits for the next claim, and this task ends here: what became
+            # of it comes back to `_ack_answered`.
+            if not self._settler.carry(
+                entry, partial(self._ack_answered, running, entry, duration)
+            ):
+                await self._report_success(running, entry, duration)
 
     async def _invoke_stoppable(self, registration: Registration, running: Running) -> Any:
         """Run the processor in this task (no task of its own) until it returns or
@@ -483,12 +496,48 @@ class Worker:
             case Stop.LEASE_LOST:
                 self._lost(job, "heartbeat refused")
 
-    async def _report_success(self, running: Running, result: Any, duration: float) -> None:
-        job = running.job
-        entry = AckEntry(id=job.id, receipt_handle=job.receipt_handle, result=storable(result))
-        acked = await self._settle(running, "ack", lambda: self._settler.ack(entry))
-        if acked is None:
+    def _ack_answered(
+        self,
+        running: Running,
+        entry: AckEntry,
+        duration: float,
+        answer: AckResult | BaseException | None,
+    ) -> None:
+        """What became of an ack a claim was to carry (`Settler.carry`): done when the claim
+        completed it; when no claim took it (None) or the claim failed retryably, it is
+        reported in a task of its own as `_report_success` does, retries included."""
+        try:
+            if isinstance(answer, BaseException):
+                raise answer
+            if answer is not None:
+                check_status(entry.id, answer.status)
+                self._acked(running, duration)
+                return
+        except StaleReceiptHandle as exc:
+            self._lost(running.job, str(exc))
             return
+        except JobqError as exc:
+            if not _retryable_report_error(exc):
+                _report_failed("ack", running.job, exc)
+                return
+        report = self._report_success(running, entry, duration)
+        if self._group is not None:
+            self._group.create_task(report)
+        else:  # not reached: acks are carried only while `run` holds its task group
+            report.close()
+            logger.error(
+                "ack of job %s not sent: the worker stopped",
+                entry.id,
+                extra={"event": "report_failed"},
+            )
+
+    async def _report_success(self, running: Running, entry: AckEntry, duration: float) -> None:
+        acked = await self._settle(running, "ack", lambda: self._settler.ack(entry))
+        if acked is not None:
+            self._acked(running, duration)
+
+    def _acked(self, running: Running, duration: float) -> None:
+        job = running.job
         task_label = self._metrics.task_label(job.task_type)
         self._metrics.observe_duration(task_label, "success", duration)
         self._metrics.claim_to_settle.observe(time.monotonic() - running.claimed)
@@ -572,12 +621,7 @@ class Worker:
         except StaleReceiptHandle as exc:
             self._lost(job, str(exc))
         except JobqError as exc:
-            logger.warning(
-                "%s failed: %s; the lease will expire and the job run again",
-                what,
-                exc,
-                extra={"event": "report_failed", "job_id": str(job.id)},
-            )
+            _report_failed(what, job, exc)
         return None
 
     def _lost(self, job: JobMessage, why: str) -> None:
@@ -587,6 +631,15 @@ class Worker:
             why,
             extra={"event": "lease_lost", "job_id": str(job.id)},
         )
+
+
+def _report_failed(what: str, job: JobMessage, exc: JobqError) -> None:
+    logger.warning(
+        "%s failed: %s; the lease will expire and the job run again",
+        what,
+        exc,
+        extra={"event": "report_failed", "job_id": str(job.id)},
+    )
 
 
 def _end_span(span: Any, outcome: Any) -> None:

@@ -441,3 +441,23 @@ async def test_a_timeout_is_never_early_and_a_processors_own_timeout_error_is_it
     assert stopped["slow"] - started["slow"] >= 1.0
     assert queue.jobs[hung]["errors"] == ["timed out after 1s (timeoutSeconds)"]
     assert queue.jobs[own]["errors"] == ["TimeoutError: upstream slow"]
+
+
+async def test_a_carried_ack_refused_for_a_lost_lease_is_counted_and_not_repeated() -> None:
+    queue = FakeQueue()
+
+    async def outlived(job: JobContext) -> str:
+        queue.jobs[job.id]["handle"] = uuid.uuid4()  # meanwhile handed to another worker
+        return "late"
+
+    job = queue.add("outlived")
+    done = queue.add("instant")
+    worker, shutdown, task = await _running(queue, {"outlived": outlived, "instant": _instant})
+    await _until(lambda: queue.status(done) is JobStatus.COMPLETED)
+    await _until(lambda: worker._metrics.lost_leases._value.get() == 1)
+    shutdown.set()
+    await task
+    assert queue.status(job) is JobStatus.PROCESSING  # the other owner's
+    assert queue.jobs[job]["result"] is None
+    assert sum(carried for _, carried in queue.claims) == 2  # each ack sent once, by a claim
+    assert queue.ack_requests == []
