@@ -25,10 +25,6 @@ missing to uvicorn's own httptools protocol, the way nginx's `client_header_time
   until the declared body is in or `LINGER_SECONDS` have passed, then closes. Such a response
   says `Connection: close` (RFC 9112 §9.6), so a keep-alive client opens a new connection for
   its next request instead of failing on this one.
-
-And one thing for speed: uvicorn writes a response's status line and headers, then its body,
-in two `send()` calls; here they leave together in one (`JoinedWrites`), so the client is
-woken once per response, not twice.
 """
 
 from __future__ import annotations
@@ -105,55 +101,6 @@ _HEADERS_TOO_LARGE = _raw_response(
 )
 
 
-class JoinedWrites:
-    """A transport that holds one response's status line and headers (the first write after
-    `expect_response`) until the next write, its body, and sends both in one `write`.
-
-    On loopback every `send()` runs the receiver's TCP processing and wakes it, and uvicorn
-    answers each response in two (headers, then body): one of them, and one wake-up of the
-    client, is saved per response. A `100 Continue` interim response is written at once.
-    `flush` sends what is held (a response that ended without a body write); `close` flushes
-    first. Everything else is the wrapped transport's."""
-
-    __slots__ = ("_expecting", "_held", "_transport")
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._held: bytes | None = None
-        self._expecting = False
-
-    def expect_response(self) -> None:
-        """The next write (but a `100 Continue`) starts a response: hold it."""
-        self.flush()
-        self._expecting = True
-
-    def write(self, data: bytes) -> None:
-        """Send `data`, after the held headers if any; or hold it, when it starts a response."""
-        held = self._held
-        if held is not None:
-            self._held = None
-            self._transport.write(held + data)
-        elif self._expecting and data[:13] != b"HTTP/1.1 100 ":
-            self._expecting = False
-            self._held = data
-        else:
-            self._transport.write(data)
-
-    def flush(self) -> None:
-        """Send the held headers now (a response that ended without a body write)."""
-        held, self._held = self._held, None
-        if held is not None and not self._transport.is_closing():
-            self._transport.write(held)
-
-    def close(self) -> None:
-        """Flush, then close the wrapped transport."""
-        self.flush()
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 class _HeadersTooLarge(Exception):
     """Raised from a parser callback to stop reading headers past the size cap."""
 
@@ -169,11 +116,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     _received_any = False
     _lingering = False  # answered early: discarding what arrives until the close
     _body_left: int | None = None  # declared body bytes not arrived yet (None: unknown)
-    _joined: JoinedWrites | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._joined = JoinedWrites(transport)
         self._arm(self.limits.header_timeout, self._headers_too_slow)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -226,9 +171,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._body_left = int(declared) if declared is not None and declared.isdigit() else None
         super().on_headers_complete()
         if self.cycle is not None:
-            if self._joined is not None:
-                self._joined.expect_response()
-                self.cycle.transport = self._joined  # type: ignore[assignment]
             _announce_early_close(self.cycle)
         # Armed now, disarmed by on_message_complete (at once for a bodiless request).
         self._arm(self.limits.body_timeout, self._body_too_slow)
@@ -247,8 +189,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.cycle.__dict__.pop("send", None)
 
     def on_response_complete(self) -> None:
-        if self._joined is not None:
-            self._joined.flush()
         cycle = self.cycle
         announced = cycle is not None and getattr(cycle, _CLOSE_ANNOUNCED, False)
         if announced and not self.transport.is_closing():
