@@ -226,6 +226,10 @@ class Settler:
                 check_status(entry.id, carried.status)
                 return carried
             # No claim took it (a long poll began, or shutdown): it goes on its own.
+        return await self.ack_alone(entry)
+
+    async def ack_alone(self, entry: AckEntry) -> AckResult:
+        """Complete one job in a batch of acks (`POST /jobs/ack`), never held for a claim."""
         result = await self._acks.submit(entry)
         check_status(entry.id, result.status)
         return result

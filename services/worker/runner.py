@@ -99,8 +99,8 @@ class Running:
     deadline: float = math.inf
     """When the processor's timeout runs out (monotonic seconds; inf while none runs)."""
     timeout: float = 0.0
-    cancel_sent: bool = False
-    """Whether `interrupt` cancelled `owner` (once at most)."""
+    cancels: tuple[Stop, ...] = ()
+    """The reasons `interrupt` cancelled `owner` for (each once at most)."""
     stop: Stop | None = None
     claimed: float = field(default_factory=time.monotonic)
     next_heartbeat: float = 0.0
@@ -129,11 +129,12 @@ class Running:
     def interrupt(self, reason: Stop) -> None:
         """Stop the processor for `reason` (the first reason wins): cancel its task while the
         processor runs, so the CancelledError lands in the processor's code, never in the
-        report that follows it."""
+        report that follows it. Each reason cancels once, so a processor that handled one stop
+        (a cancel request, say) is still stopped by the next (its timeout, shutdown)."""
         if self.stop is None:
             self.stop = reason
-        if self.in_processor and not self.cancel_sent and self.owner is not None:
-            self.cancel_sent = True
+        if self.in_processor and reason not in self.cancels and self.owner is not None:
+            self.cancels += (reason,)
             self.owner.cancel()
 
 
@@ -223,6 +224,8 @@ class Worker:
             self._settler.carry_acks = False
             await self._drain()
             heartbeats.cancel()
+            if self._tasks:  # processors that outlived the drain still stop at their timeout
+                await asyncio.wait(set(self._tasks))
             deadlines.cancel()
         self._group = None
         await self._settler.aclose()
@@ -358,8 +361,8 @@ class Worker:
         `Running.interrupt` stops it (a cancel request, a lost lease, shutdown, or its timeout
         run out, which `_deadline_loop` watches); returns its result, a Failure, or the Stop.
 
-        Our own cancel is taken back here (`Task.uncancel`, as `asyncio.timeout` does), so the
-        report that follows runs normally; a cancel from elsewhere (the task group's) still
+        Our own cancels are taken back here (`Task.uncancel`, as `asyncio.timeout` does), so
+        the report that follows runs normally; a cancel from elsewhere (the task group's) still
         propagates."""
         job = running.job
         running.timeout = registration.timeout(
@@ -367,26 +370,25 @@ class Worker:
         )
         running.deadline = time.monotonic() + running.timeout
         running.in_processor = True
-        consumed = False
+        taken_back = False
         try:
             return await self._invoke(registration, running)
         except asyncio.CancelledError:
-            if not running.cancel_sent or running.stop is None:
+            if not running.cancels:
                 raise
-            consumed = True
-            owner = running.owner
-            if owner is not None and owner.uncancel() > 0:
+            taken_back = True
+            if _take_back(running) > 0:
                 raise  # cancelled from elsewhere as well
             return running.stop
         finally:
             running.in_processor = False
             running.deadline = math.inf
-            if running.cancel_sent and not consumed and running.owner is not None:
-                running.owner.uncancel()  # the processor swallowed our cancel
+            if running.cancels and not taken_back:
+                _take_back(running)  # the processor swallowed our cancels and returned
 
     async def _deadline_loop(self) -> None:
         """Stop processors past their timeout, every `_DEADLINE_TICK` seconds, until
-        cancelled."""
+        cancelled (`run` does once every job's task ended)."""
         while True:
             await asyncio.sleep(_DEADLINE_TICK)
             now = time.monotonic()
@@ -520,7 +522,8 @@ class Worker:
             if not _retryable_report_error(exc):
                 _report_failed("ack", running.job, exc)
                 return
-        report = self._report_success(running, entry, duration)
+        # Not carried: sent on its own at once (held again, it would wait another HOLD_MAX).
+        report = self._report_success(running, entry, duration, alone=answer is None)
         if self._group is not None:
             self._group.create_task(report)
         else:  # not reached: acks are carried only while `run` holds its task group
@@ -531,8 +534,11 @@ class Worker:
                 extra={"event": "report_failed"},
             )
 
-    async def _report_success(self, running: Running, entry: AckEntry, duration: float) -> None:
-        acked = await self._settle(running, "ack", lambda: self._settler.ack(entry))
+    async def _report_success(
+        self, running: Running, entry: AckEntry, duration: float, alone: bool = False
+    ) -> None:
+        send = self._settler.ack_alone if alone else self._settler.ack
+        acked = await self._settle(running, "ack", lambda: send(entry))
         if acked is not None:
             self._acked(running, duration)
 
@@ -631,6 +637,17 @@ class Worker:
             why,
             extra={"event": "lease_lost", "job_id": str(job.id)},
         )
+
+
+def _take_back(running: Running) -> int:
+    """Undo `running`'s cancels of its task (`Task.uncancel`, once per cancel sent); returns
+    the cancels still requested, by others than this worker's stops."""
+    owner = running.owner
+    if owner is None:
+        return 0
+    for _ in running.cancels:
+        owner.uncancel()
+    return owner.cancelling()
 
 
 def _report_failed(what: str, job: JobMessage, exc: JobqError) -> None:

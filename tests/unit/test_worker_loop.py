@@ -182,8 +182,8 @@ class FakeQueue:
 def _view(job_id: uuid.UUID, status: JobStatus) -> JobView:
     now = datetime.now(UTC)
     return JobView(
-        id=job_id, queue="default", task_type="t", payload={}, status=status, priority=0,
-        attempts=1, releases=0, max_attempts=5, timeout_seconds=None, last_error=None,
+        id=job_id, queue="default", tenant="t", task_type="t", payload={}, status=status,
+        priority=0, attempts=1, releases=0, max_attempts=5, timeout_seconds=None, last_error=None,
         errors=[], result=None, idempotency_key=None, locked_by=None, created_at=now,
         updated_at=now, visible_at=now, claimed_at=now, finished_at=now, cancel_requested=False,
     )  # fmt: skip
@@ -280,13 +280,26 @@ async def test_a_lost_lease_stops_the_processor_and_discards_its_result() -> Non
 async def test_a_cancel_request_stops_the_processor_and_is_confirmed() -> None:
     queue = FakeQueue()
     job = queue.add("forever")
-    _, shutdown, task = await _running(queue, {"forever": _forever}, worker_visibility_timeout=1)
+    worker, shutdown, task = await _running(
+        queue, {"forever": _forever}, worker_visibility_timeout=1
+    )
     await _until(lambda: queue.status(job) is JobStatus.PROCESSING)
     queue.cancel.add(job)
 
     await _until(lambda: queue.status(job) is JobStatus.CANCELLED)
+    await _until(lambda: _outcomes(worker) == {"cancelled": 1})  # the confirmation answered
     shutdown.set()
     await task
+
+
+def _outcomes(worker: Worker) -> dict[str, float]:
+    """`jobq_worker_job_duration_seconds` counts by outcome."""
+    counts: dict[str, float] = {}
+    for metric in worker._metrics.job_duration.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_count") and sample.value:
+                counts[sample.labels["outcome"]] = sample.value
+    return counts
 
 
 async def test_a_timeout_is_a_retryable_failure_and_non_retryable_dead_letters() -> None:
@@ -461,3 +474,55 @@ async def test_a_carried_ack_refused_for_a_lost_lease_is_counted_and_not_repeate
     assert queue.jobs[job]["result"] is None
     assert sum(carried for _, carried in queue.claims) == 2  # each ack sent once, by a claim
     assert queue.ack_requests == []
+
+
+async def _handles_one_stop(job: JobContext) -> None:
+    """Takes its first stop for a cleanup that never ends (a hung upstream, say)."""
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        await asyncio.sleep(3600)
+
+
+async def test_a_processor_that_handled_one_stop_is_still_stopped_by_the_next() -> None:
+    queue = FakeQueue()
+    cancelled = queue.add("stubborn", timeout=2)
+    _, shutdown, task = await _running(
+        queue, {"stubborn": _handles_one_stop}, worker_visibility_timeout=1
+    )
+    await _until(lambda: queue.status(cancelled) is JobStatus.PROCESSING)
+    queue.cancel.add(cancelled)
+    # The cancel request stops it first; its timeout (2 s) stops the cleanup.
+    await _until(lambda: queue.status(cancelled) is JobStatus.CANCELLED)
+
+    timed_out = queue.add("stubborn", timeout=1)
+    await _until(lambda: queue.jobs[timed_out]["attempts"] == 1)
+    await asyncio.sleep(1.2)  # past its timeout, whose stop it handled
+    shutdown.set()  # the shutdown's stop ends the cleanup
+    await asyncio.wait_for(task, 10)
+    assert queue.status(timed_out) is JobStatus.SCHEDULED
+    assert queue.jobs[timed_out]["errors"] == ["timed out after 1s (timeoutSeconds)"]
+
+
+async def test_an_ack_no_claim_took_is_sent_on_its_own_without_waiting_again() -> None:
+    queue = FakeQueue()
+
+    async def brief(job: JobContext) -> str:
+        await asyncio.sleep(0.05)  # ends while the worker's next claim long-polls
+        return "done"
+
+    job = queue.add("brief")
+    worker, shutdown, task = await _running(queue, {"brief": brief}, worker_wait_seconds=2)
+    carried: list[uuid.UUID] = []
+    carry = worker._settler.carry
+
+    def counting(entry: AckEntry, answer: Any) -> bool:
+        carried.append(entry.id)
+        return carry(entry, answer)
+
+    worker._settler.carry = counting  # type: ignore[method-assign]
+    await _until(lambda: queue.status(job) is JobStatus.COMPLETED)
+    shutdown.set()
+    await task
+    assert carried == [job]  # held once, then sent alone
+    assert queue.ack_requests == [1]
