@@ -302,18 +302,39 @@ def _outcomes(worker: Worker) -> dict[str, float]:
     return counts
 
 
-async def test_a_timeout_is_a_retryable_failure_and_non_retryable_dead_letters() -> None:
+async def test_a_timeout_is_a_retryable_failure_never_early_and_non_retryable_dead_letters() -> (
+    None
+):
+    started: dict[str, float] = {}
+    stopped: dict[str, float] = {}
+
+    async def slow(job: JobContext) -> None:
+        loop = asyncio.get_running_loop()
+        started["slow"] = loop.time()
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            stopped["slow"] = loop.time()
+
+    async def upstream(job: JobContext) -> None:
+        raise TimeoutError("upstream slow")  # the processor's own: an ordinary failure
+
     queue = FakeQueue()
-    hung = queue.add("forever", timeout=1)
+    hung = queue.add("slow", timeout=1)
     refused = queue.add("refuse")
-    _, shutdown, task = await _running(queue, {"forever": _forever, "refuse": _refuse})
+    own = queue.add("upstream")
+    processors = {"slow": slow, "refuse": _refuse, "upstream": upstream}
+    _, shutdown, task = await _running(queue, processors)
 
     await _until(lambda: queue.status(hung) is JobStatus.SCHEDULED)
     await _until(lambda: queue.status(refused) is JobStatus.DEAD_LETTER)
+    await _until(lambda: queue.status(own) is JobStatus.SCHEDULED)
     shutdown.set()
     await task
+    assert stopped["slow"] - started["slow"] >= 1.0
     assert queue.jobs[hung]["errors"] == ["timed out after 1s (timeoutSeconds)"]
     assert queue.jobs[refused]["errors"] == ["bad payload"]
+    assert queue.jobs[own]["errors"] == ["TimeoutError: upstream slow"]
 
 
 async def test_an_unknown_task_type_fails_as_retryable_naming_it() -> None:
@@ -425,35 +446,6 @@ async def test_a_processor_that_swallows_its_stop_still_reports_its_result() -> 
     await task
     assert seen == ["cancelled"]
     assert queue.jobs[job]["result"] == {"finished": True}
-
-
-async def test_a_timeout_is_never_early_and_a_processors_own_timeout_error_is_its_failure() -> None:
-    started: dict[str, float] = {}
-    stopped: dict[str, float] = {}
-
-    async def slow(job: JobContext) -> None:
-        loop = asyncio.get_running_loop()
-        started["slow"] = loop.time()
-        try:
-            await asyncio.sleep(3600)
-        finally:
-            stopped["slow"] = loop.time()
-
-    async def upstream(job: JobContext) -> None:
-        raise TimeoutError("upstream slow")
-
-    queue = FakeQueue()
-    hung = queue.add("slow", timeout=1)
-    own = queue.add("upstream")
-    _, shutdown, task = await _running(queue, {"slow": slow, "upstream": upstream})
-
-    await _until(lambda: queue.status(hung) is JobStatus.SCHEDULED)
-    await _until(lambda: queue.status(own) is JobStatus.SCHEDULED)
-    shutdown.set()
-    await task
-    assert stopped["slow"] - started["slow"] >= 1.0
-    assert queue.jobs[hung]["errors"] == ["timed out after 1s (timeoutSeconds)"]
-    assert queue.jobs[own]["errors"] == ["TimeoutError: upstream slow"]
 
 
 async def test_a_carried_ack_refused_for_a_lost_lease_is_counted_and_not_repeated() -> None:
