@@ -69,7 +69,8 @@ _HEARTBEAT_TICK = 0.1
 """Seconds between looks for leases due to be extended (and acks waiting too long)."""
 _DEADLINE_TICK = 0.1
 """Seconds between looks for processors past their timeout: a timeout is enforced at most this
-late, with no timer of its own per job (one per job cost the worker more than its claim did)."""
+late, with no timer of its own per job (on uvloop, a timer made and cancelled per job was about a
+fifth of the worker's own CPU per job: benchmark/README.md, "the worker's own cost per job")."""
 _HEARTBEAT_RETRY = 1.0
 """Seconds before a failed heartbeat is tried again."""
 PROGRESS_INTERVAL = 2.0
