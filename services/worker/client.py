@@ -7,7 +7,6 @@ each job only after the request that carried its report returned (docs/architect
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -104,17 +103,6 @@ class QueueClient:
         return await self._http.live()
 
 
-def _resolve(
-    future: asyncio.Future[AckResult | None], answer: AckResult | BaseException | None
-) -> None:
-    if future.done():
-        return
-    if isinstance(answer, BaseException):
-        future.set_exception(answer)
-    else:
-        future.set_result(answer)
-
-
 def check_status(job_id: uuid.UUID, status: int) -> None:
     """Raise for a settle's per-job status: StaleReceiptHandle for 409 (the lease was lost),
     JobNotFound for 404; return for 200."""
@@ -144,7 +132,8 @@ class Settler:
     its next claim, which completes them in the same statement: one round trip per cycle
     instead of two. Acks that waited `HOLD_MAX` seconds (the claim in flight turned out to be a
     long poll) are sent on their own (`send_stale`). `carry` holds an ack with a callback for
-    its answer, so the job's task need not wait for it; `ack` waits.
+    its answer, so the job's task need not wait for it; `ack` sends one in a batch of acks and
+    waits for its answer.
 
     Every method answers for its own job once the request that carried it returned: raises
     StaleReceiptHandle when the lease was lost (409), JobNotFound (404), or the error of the
@@ -218,17 +207,6 @@ class Settler:
         return True
 
     async def ack(self, entry: AckEntry) -> AckResult:
-        """Complete one job (carried by the next claim, or batched)."""
-        future: asyncio.Future[AckResult | None] = asyncio.get_running_loop().create_future()
-        if self.carry(entry, lambda answer: _resolve(future, answer)):
-            carried = await future
-            if carried is not None:
-                check_status(entry.id, carried.status)
-                return carried
-            # No claim took it (a long poll began, or shutdown): it goes on its own.
-        return await self.ack_alone(entry)
-
-    async def ack_alone(self, entry: AckEntry) -> AckResult:
         """Complete one job in a batch of acks (`POST /jobs/ack`), never held for a claim."""
         result = await self._acks.submit(entry)
         check_status(entry.id, result.status)

@@ -523,8 +523,8 @@ class Worker:
             if not _retryable_report_error(exc):
                 _report_failed("ack", running.job, exc)
                 return
-        # Not carried: sent on its own at once (held again, it would wait another HOLD_MAX).
-        report = self._report_success(running, entry, duration, alone=answer is None)
+        # Not carried, or to be repeated: sent on its own at once, with `_settle`'s retries.
+        report = self._report_success(running, entry, duration)
         if self._group is not None:
             self._group.create_task(report)
         else:  # not reached: acks are carried only while `run` holds its task group
@@ -535,11 +535,8 @@ class Worker:
                 extra={"event": "report_failed"},
             )
 
-    async def _report_success(
-        self, running: Running, entry: AckEntry, duration: float, alone: bool = False
-    ) -> None:
-        send = self._settler.ack_alone if alone else self._settler.ack
-        acked = await self._settle(running, "ack", lambda: send(entry))
+    async def _report_success(self, running: Running, entry: AckEntry, duration: float) -> None:
+        acked = await self._settle(running, "ack", lambda: self._settler.ack(entry))
         if acked is not None:
             self._acked(running, duration)
 
