@@ -43,6 +43,27 @@ def _median_wal(rounds: list[dict[str, Any]]) -> float | None:
     return median_high(values) if values else None
 
 
+BURN_RATIO_TARGET = 1.0
+"""Issue 17: the project's worker at default settings drains a backlog of `noop` jobs at
+least as fast as pgqueuer with batch 100, the fastest peer measured."""
+PROCRASTINATE_TARGET = 20.0
+"""Issue 17: and at least this many times procrastinate's rate (concurrency 10)."""
+CPU_PER_JOB_TARGET = 120.0
+"""Issue 17: CPU µs per job across every process (services, workers, PostgreSQL)."""
+PRODUCER_CPU_TARGET = 400.0
+"""Issue 17: the producer's CPU µs per accepted submit at 800 submits/s."""
+
+
+def _per_round(rounds: dict[str, Any], name: str) -> str | None:
+    """jobq's rate over `name`'s, round by round (the two ran side by side in each round), as
+    "a / b / c", or None when either has no rounds."""
+    ours = [r.get("jobs_per_s") for r in rounds["jobq"]["rounds"]]
+    theirs = [r.get("jobs_per_s") for r in rounds.get(name, {}).get("rounds", [])]
+    if not ours or len(ours) != len(theirs) or not all(ours) or not all(theirs):
+        return None
+    return " / ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs, strict=True))
+
+
 def _burn_rows(results: dict[str, Any], shape: str) -> list[dict[str, Any]]:
     rounds = results["burn_rounds"]
     jobq = rounds["jobq"]["jobs_per_s"]
@@ -54,16 +75,19 @@ def _burn_rows(results: dict[str, Any], shape: str) -> list[dict[str, Any]]:
             f"Burn-down, project worker, default settings ({shape}), median",
             jobq,
             "jobs/s",
-            ">= 5,000 jobs/s; >= 0.35x pgqueuer b100",
-            jobq >= 5000 and (share is None or share >= 0.35),
+            f">= {BURN_RATIO_TARGET}x pgqueuer b100",
+            None if not pgq else jobq >= BURN_RATIO_TARGET * pgq,
             share,
         )
     ]
+    per_round = _per_round(rounds, "pgqueuer_b100")
+    if per_round:
+        rows.append(_row("Burn-down, jobq / pgqueuer b100, round by round", per_round, ""))
     if procrastinate:
         times = _ratio(jobq, procrastinate)
         rows.append(
-            _row("Burn-down, jobq defaults / procrastinate", times, "x", ">= 10x",
-                 times is not None and times >= 10)
+            _row("Burn-down, jobq defaults / procrastinate", times, "x",
+                 f">= {PROCRASTINATE_TARGET:g}x", jobq >= PROCRASTINATE_TARGET * procrastinate)
         )  # fmt: skip
     if results["matrix"]:
         best = max(results["matrix"], key=lambda r: r["jobs_per_s"])
@@ -72,7 +96,10 @@ def _burn_rows(results: dict[str, Any], shape: str) -> list[dict[str, Any]]:
                  "jobs/s", pgqueuer=_ratio(best["jobs_per_s"], pgq))
         )  # fmt: skip
     cpu = rounds["jobq"]["rounds"][-1]["cpu_us_per_job"].get("total")
-    rows.append(_row("CPU per job, defaults (all classes, last round)", cpu, "µs"))
+    rows.append(
+        _row("CPU per job, defaults (all classes, last round)", cpu, "µs",
+             f"<= {CPU_PER_JOB_TARGET:g} µs", None if cpu is None else cpu <= CPU_PER_JOB_TARGET)
+    )  # fmt: skip
     if "pgqueuer_b100" in rounds:
         cpu = rounds["pgqueuer_b100"]["rounds"][-1]["cpu_us_per_job"].get("total")
         rows.append(_row("CPU per job, pgqueuer b100 (its process and PostgreSQL, last round)",
@@ -166,6 +193,32 @@ def _ingest_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         p95 = sorted(at_800)[len(at_800) // 2]
         rows.append(_row("Ingest at 800/s through the producer, p95", p95, "ms", "< 25 ms",
                          p95 < 25))  # fmt: skip
+    rows.extend(_cpu_per_submit_rows(ingest.get("producer", {})))
+    return rows
+
+
+def _cpu_per_submit_rows(producer: dict[str, Any]) -> list[dict[str, Any]]:
+    """CPU µs per accepted submit by process at the 800/s step through the producer, the
+    (high) median over rounds: the producer's against its target, the queue service's and
+    PostgreSQL's beside it."""
+    per_round = [
+        s["cpu_us_per_request"]
+        for run in producer.get("rounds", [])
+        for s in run["steps"]
+        if s["rate"] == 800 and s.get("cpu_us_per_request")
+    ]
+    rows = []
+    for name, label in (("producer", "producer"), ("queue", "queue service"),
+                        ("postgres", "PostgreSQL")):  # fmt: skip
+        values = [cpu[name] for cpu in per_round if name in cpu]
+        if not values:
+            continue
+        value = median_high(values)
+        target, met = "", None
+        if name == "producer":
+            target, met = f"<= {PRODUCER_CPU_TARGET:g} µs", value <= PRODUCER_CPU_TARGET
+        rows.append(_row(f"CPU per submit at 800/s through the producer, {label}", value,
+                         "µs", target, met))  # fmt: skip
     return rows
 
 
@@ -241,7 +294,7 @@ def table(document: dict[str, Any], path: Path) -> str:
         "|---|---|---|---|---|---|",
     ]
     for row in document["summary"]:
-        value = f"{_cell(row['value'])} {row['unit']}"
+        value = f"{_cell(row['value'])} {row['unit']}".rstrip()
         lines.append(
             f"| {row['figure']} | {value} | {row['target'] or '—'} | {_cell(row['met'])} | "
             f"{_cell(row['x_pgqueuer_b100'])} | {_cell(row['x_bare'])} |"

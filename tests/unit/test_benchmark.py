@@ -351,3 +351,44 @@ def test_sample_total_sums_one_samples_name_over_the_labels_asked_for() -> None:
     assert sample_total(text, "h", "h_sum", path="/a") == 0.5
     assert sample_total(text, "c", "c_total", outcome="success") == 7.0
     assert sample_total(text, "c", "c_total", outcome="failure") == 0.0
+
+
+def test_burn_down_and_cpu_rows_are_held_to_issue_17s_targets() -> None:
+    latest = sorted((report.README.parent / "results").glob("full-*.json"))[-1]
+    document = json.loads(latest.read_text())
+    rounds = document["results"]["burn_rounds"]
+    for name, rates in (("jobq", [900.0, 1_000.0, 1_200.0]),
+                        ("pgqueuer_b100", [1_000.0, 1_000.0, 1_000.0])):  # fmt: skip
+        rounds[name]["rounds"] = [
+            {**rounds[name]["rounds"][0], "jobs_per_s": rate} for rate in rates
+        ]
+        rounds[name]["jobs_per_s"] = sorted(rates)[1]
+    rounds["procrastinate_c10"]["jobs_per_s"] = 50.0
+    rounds["jobq"]["rounds"][-1]["cpu_us_per_job"] = {"total": 121.0}
+    rows = {r["figure"]: r for r in report.summary(document)}
+    burn = rows["Burn-down, project worker, default settings (2x32), median"]
+    assert (burn["x_pgqueuer_b100"], burn["target"], burn["met"]) == (
+        1.0, ">= 1.0x pgqueuer b100", True)  # fmt: skip
+    assert rows["Burn-down, jobq / pgqueuer b100, round by round"]["value"] == "0.90 / 1.00 / 1.20"
+    procrastinate = rows["Burn-down, jobq defaults / procrastinate"]
+    assert (procrastinate["value"], procrastinate["met"]) == (20.0, True)
+    cpu = rows["CPU per job, defaults (all classes, last round)"]
+    assert (cpu["target"], cpu["met"]) == ("<= 120 µs", False)
+    rounds["pgqueuer_b100"]["jobs_per_s"] = 1_001.0
+    rows = {r["figure"]: r for r in report.summary(document)}
+    assert rows["Burn-down, project worker, default settings (2x32), median"]["met"] is False
+
+
+def test_cpu_per_submit_at_800_is_the_median_over_rounds_and_the_producers_has_a_target() -> None:
+    latest = sorted((report.README.parent / "results").glob("full-*.json"))[-1]
+    document = json.loads(latest.read_text())
+    producer = document["results"]["ingest"]["producer"]
+    for run, cpu in zip(producer["rounds"], (390.0, 450.0, 380.0), strict=False):
+        for step in run["steps"]:
+            if step["rate"] == 800:
+                step["cpu_us_per_request"] = {"producer": cpu, "queue": 300.0, "postgres": 200.0}
+    rows = {r["figure"]: r for r in report.summary(document) if "CPU per submit" in r["figure"]}
+    mine = rows["CPU per submit at 800/s through the producer, producer"]
+    assert (mine["value"], mine["target"], mine["met"]) == (390.0, "<= 400 µs", True)
+    queue = rows["CPU per submit at 800/s through the producer, queue service"]
+    assert (queue["value"], queue["target"], queue["met"]) == (300.0, "", None)
