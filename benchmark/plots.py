@@ -21,8 +21,8 @@ def _save(figure: Figure, directory: Path, name: str) -> str:
 
 
 def burndown(document: dict[str, Any], directory: Path, name: str) -> str:
-    """Jobs/s of jobq's default shape, the matrix and the peers, with the 5,000 jobs/s target;
-    and CPU µs per job by process class beside it."""
+    """Jobs/s of jobq's default shape, the matrix and the peers, with the target (pgqueuer
+    batch 100's rate, when it ran), and CPU µs per job by process class beside it."""
     results = document["results"]
     rounds = results["burn_rounds"]
     labels = [f"jobq {document['settings']['default_shape']}"]
@@ -40,10 +40,12 @@ def burndown(document: dict[str, Any], directory: Path, name: str) -> str:
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     colours = ["#4a7ebb" if label.startswith("jobq") else "#999999" for label in labels]
     left.barh(labels, values, color=colours)
-    left.axvline(5000, color="#d62728", linestyle="--", label="target 5,000 jobs/s")
+    target = rounds.get("pgqueuer_b100", {}).get("jobs_per_s")
+    if target:
+        left.axvline(target, color="#d62728", linestyle="--", label="target: 1.0x pgqueuer b100")
+        left.legend(loc="lower right")
     left.set_xlabel("jobs/s (burn-down window from the database)")
     left.invert_yaxis()
-    left.legend(loc="lower right")
     left.set_title("Burn-down of no-op jobs")
     classes = sorted({k for entry in cpu for k in entry if k != "total"})
     offsets = [0.0] * len(labels)

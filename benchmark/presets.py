@@ -55,7 +55,7 @@ class Preset:
 
 FULL = Preset(
     name="full",
-    rounds=3,
+    rounds=5,
     burn_jobs=20_000,
     matrix=tuple(Shape(r, s) for r in (1, 2, 4) for s in (4, 16, 64)),
     matrix_jobs=10_000,
