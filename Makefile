@@ -161,7 +161,7 @@ keys: ## Print the development API keys, internal token and AWS_* variables `mak
 	@$(PYTHON) -m infra.devkeys
 
 .PHONY: bench
-bench: install ## Whole benchmark suite with peers (~15 min): JSON+PNG in benchmark/results, table in benchmark/README.md
+bench: install ## Whole benchmark suite with peers (~17 min): JSON+PNG in benchmark/results, table in benchmark/README.md
 	$(BIN)/python -m benchmark --preset full
 
 .PHONY: bench-sqs

@@ -37,6 +37,12 @@ def _row(
     }
 
 
+def _median_cpu(rounds: list[dict[str, Any]]) -> float | None:
+    """The (high) median of the rounds' total CPU µs per job (None when no round has it)."""
+    values = [r["cpu_us_per_job"]["total"] for r in rounds if r["cpu_us_per_job"].get("total")]
+    return median_high(values) if values else None
+
+
 def _median_wal(rounds: list[dict[str, Any]]) -> float | None:
     """The (high) median of the rounds' `wal_bytes_per_job` (None when no round has it)."""
     values = [r["wal_bytes_per_job"] for r in rounds if r.get("wal_bytes_per_job")]
@@ -56,12 +62,14 @@ PRODUCER_CPU_TARGET = 400.0
 
 def _per_round(rounds: dict[str, Any], name: str) -> str | None:
     """jobq's rate over `name`'s, round by round (the two ran side by side in each round), as
-    "a / b / c", or None when either has no rounds."""
+    "a / b / c (median m)", or None when either has no rounds. The target is read off the
+    medians' ratio; this shows how far the machine moved it between rounds."""
     ours = [r.get("jobs_per_s") for r in rounds["jobq"]["rounds"]]
     theirs = [r.get("jobs_per_s") for r in rounds.get(name, {}).get("rounds", [])]
     if not ours or len(ours) != len(theirs) or not all(ours) or not all(theirs):
         return None
-    return " / ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs, strict=True))
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+    return " / ".join(f"{r:.2f}" for r in ratios) + f" (median {median_high(ratios):.2f})"
 
 
 def _burn_rows(results: dict[str, Any], shape: str) -> list[dict[str, Any]]:
@@ -95,15 +103,17 @@ def _burn_rows(results: dict[str, Any], shape: str) -> list[dict[str, Any]]:
             _row(f"Burn-down, best matrix shape ({best['shape']})", best["jobs_per_s"],
                  "jobs/s", pgqueuer=_ratio(best["jobs_per_s"], pgq))
         )  # fmt: skip
-    cpu = rounds["jobq"]["rounds"][-1]["cpu_us_per_job"].get("total")
+    # CPU per job: the median over rounds, as for the rates (one round in a slow moment of
+    # the machine reads half as much again, for the peers as for jobq).
+    cpu = _median_cpu(rounds["jobq"]["rounds"])
     rows.append(
-        _row("CPU per job, defaults (all classes, last round)", cpu, "µs",
+        _row("CPU per job, defaults (all classes, median of rounds)", cpu, "µs",
              f"<= {CPU_PER_JOB_TARGET:g} µs", None if cpu is None else cpu <= CPU_PER_JOB_TARGET)
     )  # fmt: skip
     if "pgqueuer_b100" in rounds:
-        cpu = rounds["pgqueuer_b100"]["rounds"][-1]["cpu_us_per_job"].get("total")
-        rows.append(_row("CPU per job, pgqueuer b100 (its process and PostgreSQL, last round)",
-                         cpu, "µs"))  # fmt: skip
+        cpu = _median_cpu(rounds["pgqueuer_b100"]["rounds"])
+        rows.append(_row("CPU per job, pgqueuer b100 (its process and PostgreSQL, median of "
+                         "rounds)", cpu, "µs"))  # fmt: skip
     # WAL per job: PostgreSQL's work, in a figure the machine's speed does not move.
     wal = {name: _median_wal(rounds[name]["rounds"]) for name in ("jobq", "pgqueuer_b100")
            if name in rounds}  # fmt: skip
