@@ -19,7 +19,7 @@ def _ratio(value: float | None, reference: float | None) -> float | None:
 
 def _row(
     figure: str,
-    value: float | None,
+    value: float | str | None,
     unit: str,
     target: str = "",
     met: bool | None = None,
