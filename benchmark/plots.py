@@ -12,6 +12,8 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from benchmark.report import median_cpu_round
+
 
 def _save(figure: Figure, directory: Path, name: str) -> str:
     figure.tight_layout()
@@ -22,12 +24,13 @@ def _save(figure: Figure, directory: Path, name: str) -> str:
 
 def burndown(document: dict[str, Any], directory: Path, name: str) -> str:
     """Jobs/s of jobq's default shape, the matrix and the peers, with the target (pgqueuer
-    batch 100's rate, when it ran), and CPU µs per job by process class beside it."""
+    batch 100's rate, when it ran), and CPU µs per job by process class beside it (each
+    burn-down's round of median CPU, as the table reads it; the matrix has one round)."""
     results = document["results"]
     rounds = results["burn_rounds"]
     labels = [f"jobq {document['settings']['default_shape']}"]
     values = [rounds["jobq"]["jobs_per_s"]]
-    cpu = [rounds["jobq"]["rounds"][-1]["cpu_us_per_job"]]
+    cpu = [median_cpu_round(rounds["jobq"]["rounds"])]
     for entry in results["matrix"]:
         labels.append(f"jobq {entry['shape']}")
         values.append(entry["jobs_per_s"])
@@ -36,7 +39,7 @@ def burndown(document: dict[str, Any], directory: Path, name: str) -> str:
         if peer != "jobq":
             labels.append(peer)
             values.append(entry["jobs_per_s"])
-            cpu.append(entry["rounds"][-1]["cpu_us_per_job"])
+            cpu.append(median_cpu_round(entry["rounds"]))
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     colours = ["#4a7ebb" if label.startswith("jobq") else "#999999" for label in labels]
     left.barh(labels, values, color=colours)

@@ -37,10 +37,19 @@ def _row(
     }
 
 
+def median_cpu_round(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """The CPU µs per job by process class (`cpu_us_per_job`) of the round whose total is the
+    (high) median of the rounds' ({} when no round has one)."""
+    measured = [r["cpu_us_per_job"] for r in rounds if r["cpu_us_per_job"].get("total")]
+    if not measured:
+        return {}
+    total = median_high([cpu["total"] for cpu in measured])
+    return next(cpu for cpu in measured if cpu["total"] == total)
+
+
 def _median_cpu(rounds: list[dict[str, Any]]) -> float | None:
     """The (high) median of the rounds' total CPU µs per job (None when no round has it)."""
-    values = [r["cpu_us_per_job"]["total"] for r in rounds if r["cpu_us_per_job"].get("total")]
-    return median_high(values) if values else None
+    return median_cpu_round(rounds).get("total")
 
 
 def _median_wal(rounds: list[dict[str, Any]]) -> float | None:
