@@ -40,7 +40,7 @@ def _row(
 def median_cpu_round(rounds: list[dict[str, Any]]) -> dict[str, float]:
     """The CPU µs per job by process class (`cpu_us_per_job`) of the round whose total is the
     (high) median of the rounds' ({} when no round has one)."""
-    measured = [r["cpu_us_per_job"] for r in rounds if r["cpu_us_per_job"].get("total")]
+    measured = [r["cpu_us_per_job"] for r in rounds if r.get("cpu_us_per_job", {}).get("total")]
     if not measured:
         return {}
     total = median_high([cpu["total"] for cpu in measured])
