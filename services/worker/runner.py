@@ -507,36 +507,34 @@ class Worker:
         answer: AckResult | BaseException | None,
     ) -> None:
         """What became of an ack a claim was to carry (`Settler.carry`): done when the claim
-        completed it; when no claim took it (None) or the claim failed retryably, it is
-        reported in a task of its own as `_report_success` does, retries included."""
-        try:
-            if isinstance(answer, BaseException):
-                raise answer
-            if answer is not None:
-                check_status(entry.id, answer.status)
-                self._acked(running, duration)
-                return
-        except StaleReceiptHandle as exc:
-            self._lost(running.job, str(exc))
+        completed it; else (no claim took it, the claim failed, or it answered 409 or 404)
+        `_report_success` takes it from there in a task of its own."""
+        if isinstance(answer, AckResult) and answer.status == 200:
+            self._acked(running, duration)
             return
-        except JobqError as exc:
-            if not _retryable_report_error(exc):
-                _report_failed("ack", running.job, exc)
-                return
-        # Not carried, or to be repeated: sent on its own at once, with `_settle`'s retries.
-        report = self._report_success(running, entry, duration)
-        if self._group is not None:
-            self._group.create_task(report)
-        else:  # not reached: acks are carried only while `run` holds its task group
-            report.close()
-            logger.error(
-                "ack of job %s not sent: the worker stopped",
-                entry.id,
-                extra={"event": "report_failed"},
-            )
+        assert self._group is not None, "acks are carried only while `run` holds its group"
+        self._group.create_task(self._report_success(running, entry, duration, answer))
 
-    async def _report_success(self, running: Running, entry: AckEntry, duration: float) -> None:
-        acked = await self._settle(running, "ack", lambda: self._settler.ack(entry))
+    async def _report_success(
+        self,
+        running: Running,
+        entry: AckEntry,
+        duration: float,
+        carried: AckResult | BaseException | None = None,
+    ) -> None:
+        """Report a success (`_settle`, retries included). `carried`: the answer a claim gave
+        to this ack when it carried it (None if none did), taken as the first attempt's."""
+
+        async def first() -> AckResult:
+            if isinstance(carried, BaseException):
+                raise carried
+            assert carried is not None
+            check_status(entry.id, carried.status)
+            return carried
+
+        acked = await self._settle(
+            running, "ack", lambda: self._settler.ack(entry), None if carried is None else first
+        )
         if acked is not None:
             self._acked(running, duration)
 
@@ -595,10 +593,15 @@ class Worker:
             )
 
     async def _settle(
-        self, running: Running, what: str, report: Callable[[], Awaitable[T]]
+        self,
+        running: Running,
+        what: str,
+        report: Callable[[], Awaitable[T]],
+        first: Callable[[], Awaitable[T]] | None = None,
     ) -> T | None:
         """Send a settle report; None when it was not recorded (lease lost, or the queue
-        service stayed unavailable), which is logged here.
+        service stayed unavailable), which is logged here. `first`, when given, stands for the
+        first attempt (an answer already in hand), and `report` for the retries.
 
         While the queue service is unreachable or answers 5xx, the report is retried (jittered,
         0.2 s doubling to 5 s) for up to the job's visibility timeout: a lease holds until it is
@@ -609,7 +612,7 @@ class Worker:
         job = running.job
         try:
             try:
-                return await report()
+                return await (first or report)()
             except JobqError as exc:
                 if not _retryable_report_error(exc):
                     raise
@@ -625,7 +628,12 @@ class Worker:
         except StaleReceiptHandle as exc:
             self._lost(job, str(exc))
         except JobqError as exc:
-            _report_failed(what, job, exc)
+            logger.warning(
+                "%s failed: %s; the lease will expire and the job run again",
+                what,
+                exc,
+                extra={"event": "report_failed", "job_id": str(job.id)},
+            )
         return None
 
     def _lost(self, job: JobMessage, why: str) -> None:
@@ -646,15 +654,6 @@ def _take_back(running: Running) -> int:
     for _ in running.cancels:
         owner.uncancel()
     return owner.cancelling()
-
-
-def _report_failed(what: str, job: JobMessage, exc: JobqError) -> None:
-    logger.warning(
-        "%s failed: %s; the lease will expire and the job run again",
-        what,
-        exc,
-        extra={"event": "report_failed", "job_id": str(job.id)},
-    )
 
 
 def _end_span(span: Any, outcome: Any) -> None:
