@@ -73,7 +73,7 @@ FULL = Preset(
     load_seconds=10,
     latency_fractions=(0.25, 0.5, 0.9),
     latency_seconds=20,
-    claims=500,
+    claims=1_000,
     claim_rounds=3,
     history=HistorySizes(completed=1_000_000, scheduled=100_000),
     rr_lead=5.0,
