@@ -212,32 +212,45 @@ def _ingest_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         p95 = sorted(at_800)[len(at_800) // 2]
         rows.append(_row("Ingest at 800/s through the producer, p95", p95, "ms", "< 25 ms",
                          p95 < 25))  # fmt: skip
-    rows.extend(_cpu_per_submit_rows(ingest.get("producer", {})))
+    rows.extend(_cpu_per_submit_rows(ingest.get("producer", {}), ingest.get("bare")))
     return rows
 
 
-def _cpu_per_submit_rows(producer: dict[str, Any]) -> list[dict[str, Any]]:
-    """CPU µs per accepted submit by process at the 800/s step through the producer, the
-    (high) median over rounds: the producer's against its target, the queue service's and
-    PostgreSQL's beside it."""
-    per_round = [
-        s["cpu_us_per_request"]
-        for run in producer.get("rounds", [])
+def _cpu_at_800(target: dict[str, Any], name: str) -> float | None:
+    """Process `name`'s CPU µs per request at the 800/s step of ingest `target`, the (high)
+    median over rounds; None without such a step."""
+    values = [
+        s["cpu_us_per_request"][name]
+        for run in target.get("rounds", [])
         for s in run["steps"]
-        if s["rate"] == 800 and s.get("cpu_us_per_request")
+        if s["rate"] == 800 and name in s.get("cpu_us_per_request", {})
     ]
+    return median_high(values) if values else None
+
+
+def _cpu_per_submit_rows(
+    producer: dict[str, Any], bare: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """CPU µs per accepted submit by process at the 800/s step through the producer, the
+    (high) median over rounds: the producer's against its target and against the bare
+    endpoint's CPU per request at the same step (a ratio this host's changing speed moves
+    less than the figure), the queue service's and PostgreSQL's beside it."""
+    bare_cpu = _cpu_at_800(bare or {}, "bare")
     rows = []
     for name, label in (("producer", "producer"), ("queue", "queue service"),
                         ("postgres", "PostgreSQL")):  # fmt: skip
-        values = [cpu[name] for cpu in per_round if name in cpu]
-        if not values:
+        value = _cpu_at_800(producer, name)
+        if value is None:
             continue
-        value = median_high(values)
-        target, met = "", None
+        target, met, ratio = "", None, None
         if name == "producer":
             target, met = f"<= {PRODUCER_CPU_TARGET:g} µs", value <= PRODUCER_CPU_TARGET
+            ratio = _ratio(value, bare_cpu)
         rows.append(_row(f"CPU per submit at 800/s through the producer, {label}", value,
-                         "µs", target, met))  # fmt: skip
+                         "µs", target, met, bare=ratio))  # fmt: skip
+    if bare_cpu is not None and rows:
+        rows.append(_row("CPU per request at 800/s, bare Litestar + asyncpg endpoint",
+                         bare_cpu, "µs", bare=1.0))  # fmt: skip
     return rows
 
 

@@ -433,4 +433,23 @@ def test_cpu_per_submit_at_800_is_the_median_over_rounds_and_the_producers_has_a
     producer["rounds"][1]["steps"][0] = step(800, 460.0)
     [mine] = [r for r in _cpu_per_submit_rows(producer) if r["figure"].endswith("producer")]
     assert (mine["value"], mine["met"]) == (450.0, False)
+    assert mine["x_bare"] is None
     assert _cpu_per_submit_rows({}) == []
+
+
+def test_cpu_per_submit_at_800_stands_beside_the_bare_endpoints() -> None:
+    from benchmark.report import _cpu_per_submit_rows
+
+    def steps(rate: int, name: str, cpu: float) -> dict[str, Any]:
+        return {"steps": [{"rate": rate, "cpu_us_per_request": {name: cpu}}]}
+
+    producer = {"rounds": [steps(800, "producer", 450.0), steps(800, "producer", 480.0)]}
+    bare = {"rounds": [steps(800, "bare", 300.0), steps(500, "bare", 100.0)]}
+    rows = {r["figure"]: r for r in _cpu_per_submit_rows(producer, bare)}
+    mine = rows["CPU per submit at 800/s through the producer, producer"]
+    # median_high(450, 480) over the bare endpoint's 800/s step alone (not its 500/s one).
+    assert (mine["value"], mine["x_bare"]) == (480.0, 1.6)
+    reference = rows["CPU per request at 800/s, bare Litestar + asyncpg endpoint"]
+    assert (reference["value"], reference["x_bare"], reference["met"]) == (300.0, 1.0, None)
+    # Without the producer's figures there is nothing to stand beside.
+    assert _cpu_per_submit_rows({}, bare) == []
