@@ -143,6 +143,32 @@ async def test_a_paused_queue_without_jobs_is_listed(
     assert entry["paused"] is True
 
 
+async def test_a_queue_whose_jobs_all_finished_can_be_paused_limited_and_weighted(
+    replicas: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    """Finished jobs live in `job_history`, not in `job`: their queue is still known (a pause
+    after the last job completed was a 404 until 2026-12-07)."""
+    first, _ = replicas
+    [job_id] = await submit(first, queue="drained")
+    claim = {"worker": "w", "queues": ["drained"], "max": 1}
+    [job] = (await first.post("/jobs/next", json=claim)).json()["jobs"]
+    entry = {"id": job["id"], "receiptHandle": job["receiptHandle"]}
+    acked = await first.post("/jobs/ack", json={"entries": [entry]})
+    assert [result["status"] for result in acked.json()["results"]] == [200]
+    assert (await first.get(f"/jobs/{job_id}")).json()["status"] == "COMPLETED"
+
+    paused = await first.post("/queues/drained/pause")
+    assert paused.status_code == 200, paused.text
+    assert paused.json()["paused"] is True
+    limits = {"limits": [{"taskType": "noop", "concurrency": 1}]}
+    limited = await first.put("/queues/drained/limits", json=limits)
+    assert limited.status_code == 200, limited.text
+    weighted = await first.put("/queues/drained/weights", json={"weights": []})
+    assert weighted.status_code == 200, weighted.text
+    # A queue with neither jobs nor state is still unknown.
+    assert (await first.post("/queues/nosuchqueue/pause")).status_code == 404
+
+
 @pytest.mark.parametrize(
     ("path", "headers", "status", "slug"),
     [
