@@ -3,6 +3,7 @@ table in benchmark/README.md (between the `results:begin`/`results:end` markers)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median_high
 from typing import Any
@@ -202,30 +203,29 @@ def _ingest_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             _row(f"Closed loop, {vus} connections, {labels[name]}", closed,
                  "req/s", target, met, bare=ratio)
         )  # fmt: skip
-    at_800 = [
-        s["p95_ms"]
-        for run in ingest.get("producer", {}).get("rounds", [])
-        for s in run["steps"]
-        if s["rate"] == 800
-    ]
-    if at_800:
-        p95 = sorted(at_800)[len(at_800) // 2]
+    p95 = _at_800(ingest.get("producer", {}), lambda step: step.get("p95_ms"))
+    if p95 is not None:
         rows.append(_row("Ingest at 800/s through the producer, p95", p95, "ms", "< 25 ms",
                          p95 < 25))  # fmt: skip
     rows.extend(_cpu_per_submit_rows(ingest.get("producer", {}), ingest.get("bare")))
     return rows
 
 
-def _cpu_at_800(target: dict[str, Any], name: str) -> float | None:
-    """Process `name`'s CPU µs per request at the 800/s step of ingest `target`, the (high)
-    median over rounds; None without such a step."""
+def _at_800(target: dict[str, Any], read: Callable[[dict[str, Any]], float | None]) -> float | None:
+    """The (high) median over rounds of what `read` takes from the 800/s step of ingest
+    `target` (None where a step lacks it); None without such a figure."""
     values = [
-        s["cpu_us_per_request"][name]
+        value
         for run in target.get("rounds", [])
-        for s in run["steps"]
-        if s["rate"] == 800 and name in s.get("cpu_us_per_request", {})
+        for step in run["steps"]
+        if step["rate"] == 800 and (value := read(step)) is not None
     ]
     return median_high(values) if values else None
+
+
+def _cpu_at_800(target: dict[str, Any], name: str) -> float | None:
+    """Process `name`'s CPU µs per request at the 800/s step of ingest `target` (`_at_800`)."""
+    return _at_800(target, lambda step: step.get("cpu_us_per_request", {}).get(name))
 
 
 def _cpu_per_submit_rows(

@@ -850,16 +850,19 @@ _LEASES = "SELECT id, lease_id, status FROM job_all WHERE id = ANY($1::uuid[])"
 
 _CONTROL_COLUMNS = "queue, paused_at, limits, weights, changed_at, changed_by, change"
 
-# Pause ($2 true) or resume a queue that has jobs (waiting or running in `job`, finished in
-# `job_history`: a queue whose jobs all finished is still known) or was paused before; pausing
-# a paused queue keeps the time it was first paused. No row comes back for a queue nobody knows.
+# Whether queue $1 is known: it has jobs (waiting or running in `job`, finished in
+# `job_history`: a queue whose jobs all finished is still known) or a row of queue_control.
+_QUEUE_KNOWN = """
+WHERE EXISTS (SELECT FROM job WHERE queue = $1::text)
+   OR EXISTS (SELECT FROM job_history WHERE queue = $1::text)
+   OR EXISTS (SELECT FROM queue_control WHERE queue = $1::text)"""
+
+# Pause ($2 true) or resume a known queue (`_QUEUE_KNOWN`); pausing a paused queue keeps the
+# time it was first paused. No row comes back for a queue nobody knows.
 _SET_PAUSED = f"""
 INSERT INTO queue_control AS control (queue, paused_at, changed_at, changed_by, change)
 SELECT $1::text, CASE WHEN $2::bool THEN statement_timestamp() END, statement_timestamp(),
-       $3::text, CASE WHEN $2::bool THEN 'pause' ELSE 'resume' END
-WHERE EXISTS (SELECT FROM job WHERE queue = $1::text)
-   OR EXISTS (SELECT FROM job_history WHERE queue = $1::text)
-   OR EXISTS (SELECT FROM queue_control WHERE queue = $1::text)
+       $3::text, CASE WHEN $2::bool THEN 'pause' ELSE 'resume' END{_QUEUE_KNOWN}
 ON CONFLICT (queue) DO UPDATE
     SET paused_at = CASE WHEN $2 THEN COALESCE(control.paused_at, statement_timestamp()) END,
         changed_at = EXCLUDED.changed_at, changed_by = EXCLUDED.changed_by,
@@ -870,15 +873,11 @@ RETURNING {_CONTROL_COLUMNS}
 
 def _set_control(column: str) -> str:
     """SQL replacing a queue's `column` of queue_control (`limits` or `weights`) with $2
-    (jsonb), for a queue that has jobs (in `job` or `job_history`) or a state already,
-    recorded as the change `column` by $3; a pause is kept. No row comes back for a queue
-    nobody knows."""
+    (jsonb), for a known queue (`_QUEUE_KNOWN`), recorded as the change `column` by $3; a
+    pause is kept. No row comes back for a queue nobody knows."""
     return f"""
 INSERT INTO queue_control AS control (queue, {column}, changed_at, changed_by, change)
-SELECT $1::text, $2::jsonb, statement_timestamp(), $3::text, '{column}'
-WHERE EXISTS (SELECT FROM job WHERE queue = $1::text)
-   OR EXISTS (SELECT FROM job_history WHERE queue = $1::text)
-   OR EXISTS (SELECT FROM queue_control WHERE queue = $1::text)
+SELECT $1::text, $2::jsonb, statement_timestamp(), $3::text, '{column}'{_QUEUE_KNOWN}
 ON CONFLICT (queue) DO UPDATE
     SET {column} = EXCLUDED.{column}, changed_at = EXCLUDED.changed_at,
         changed_by = EXCLUDED.changed_by, change = EXCLUDED.change
