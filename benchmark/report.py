@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from statistics import median_high
+from statistics import StatisticsError, linear_regression, median_high
 from typing import Any
+
+from services.worker.settings import DEFAULT_CONCURRENCY
 
 README = Path(__file__).parent / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -331,7 +333,8 @@ def table(document: dict[str, Any], path: Path) -> str:
             f"| {row['figure']} | {value} | {row['target'] or '—'} | {_cell(row['met'])} | "
             f"{_cell(row['x_pgqueuer_b100'])} | {_cell(row['x_bare'])} |"
         )
-    lines += ["", *_matrix_table(document), "", *_resources_table(document), ""]
+    lines += ["", *_matrix_table(document), "", *_claim_split_table(document)]
+    lines += [*_resources_table(document), ""]
     lines += [*_latency_table(document), ""]
     lines += [f"![{name}](results/{name})" for name in document.get("plots", [])]
     return "\n".join(lines)
@@ -355,6 +358,51 @@ def _matrix_table(document: dict[str, Any]) -> list[str]:
             f"{_cell(cpu.get('total'))} |"
         )
     return lines
+
+
+_CLASSES = ("queue", "workers", "postgres", "total")
+
+
+def claim_split(matrix: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """A least-squares fit of the matrix's CPU per job against 1/slots, by process class:
+    `{class: (µs per claim, µs per job)}`, from `cpu = per_claim / slots + per_job` (a claim
+    of a deep backlog takes as many jobs as the worker has slots). Classes missing from a
+    shape are left out; {} with fewer than two distinct slot counts."""
+    split: dict[str, tuple[float, float]] = {}
+    for klass in _CLASSES:
+        points = [
+            (1 / r["slots"], r["cpu_us_per_job"][klass])
+            for r in matrix
+            if r["cpu_us_per_job"].get(klass) is not None
+        ]
+        try:
+            slope, intercept = linear_regression(*zip(*points, strict=True))
+        except (StatisticsError, TypeError, ValueError):  # too few points, or one slot count
+            continue
+        split[klass] = (slope, intercept)
+    return split
+
+
+def _claim_split_table(document: dict[str, Any]) -> list[str]:
+    split = claim_split(document["results"]["matrix"])
+    if "total" not in split:
+        return []
+    slots = DEFAULT_CONCURRENCY
+    lines = [
+        "CPU per claim and per job, by process class (a least-squares fit of the matrix above: "
+        f"CPU per job = per claim / slots + per job; at the default {slots} slots a claim's "
+        f"part of each job is per claim / {slots}):",
+        "",
+        f"| process | per claim (µs) | per job (µs) | at {slots} slots: the claim's part "
+        "(µs per job) |",
+        "|---|---|---|---|",
+    ]
+    for klass, (per_claim, per_job) in split.items():
+        lines.append(
+            f"| {klass} | {_cell(round(per_claim))} | {_cell(round(per_job, 1))} | "
+            f"{_cell(round(per_claim / slots, 1))} |"
+        )
+    return [*lines, ""]
 
 
 def _resources_table(document: dict[str, Any]) -> list[str]:

@@ -453,3 +453,29 @@ def test_cpu_per_submit_at_800_stands_beside_the_bare_endpoints() -> None:
     assert (reference["value"], reference["x_bare"], reference["met"]) == (300.0, 1.0, None)
     # Without the producer's figures there is nothing to stand beside.
     assert _cpu_per_submit_rows({}, bare) == []
+
+
+def test_claim_split_fits_cpu_per_claim_and_per_job_from_the_matrix() -> None:
+    # CPU per job = per claim / slots + per job, exactly: the fit gives both back.
+    def shape(slots: int, replicas: int = 1) -> dict[str, Any]:
+        cpu = {"queue": 400 / slots + 10, "workers": 256 / slots + 8, "postgres": 320 / slots + 20}
+        cpu["total"] = sum(cpu.values())
+        return {"shape": f"{replicas}x{slots}", "replicas": replicas, "slots": slots,
+                "jobs_per_s": 1_000.0, "cpu_us_per_job": cpu}  # fmt: skip
+
+    matrix = [shape(4), shape(16), shape(64), shape(16, 2)]
+    split = report.claim_split(matrix)
+    assert {k: (round(a, 6), round(b, 6)) for k, (a, b) in split.items()} == {
+        "queue": (400, 10),
+        "workers": (256, 8),
+        "postgres": (320, 20),
+        "total": (976, 38),
+    }
+    latest = sorted((report.README.parent / "results").glob("full-*.json"))[-1]
+    document = json.loads(latest.read_text())
+    document["results"]["matrix"] = matrix
+    assert "| total | 976 | 38 | 30.50 |" in report.table(document, latest)
+    # One slot count (or none) fits no line: no table rather than a made-up split.
+    assert report.claim_split([shape(32), shape(32, 2)]) == {}
+    document["results"]["matrix"] = [shape(32)]
+    assert "per claim" not in report.table(document, latest)
