@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from statistics import StatisticsError, linear_regression, median_high
+from statistics import linear_regression, median_high
 from typing import Any
 
 from services.worker.settings import DEFAULT_CONCURRENCY
@@ -375,10 +375,9 @@ def claim_split(matrix: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
             for r in matrix
             if r["cpu_us_per_job"].get(klass) is not None
         ]
-        try:
-            slope, intercept = linear_regression(*zip(*points, strict=True))
-        except (StatisticsError, TypeError, ValueError):  # too few points, or one slot count
+        if len({x for x, _ in points}) < 2:  # no line through one slot count
             continue
+        slope, intercept = linear_regression([x for x, _ in points], [y for _, y in points])
         split[klass] = (slope, intercept)
     return split
 
