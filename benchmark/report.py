@@ -360,16 +360,13 @@ def _matrix_table(document: dict[str, Any]) -> list[str]:
     return lines
 
 
-_CLASSES = ("queue", "workers", "postgres", "total")
-
-
 def claim_split(matrix: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
     """A least-squares fit of the matrix's CPU per job against 1/slots, by process class:
     `{class: (µs per claim, µs per job)}`, from `cpu = per_claim / slots + per_job` (a claim
     of a deep backlog takes as many jobs as the worker has slots). Classes missing from a
     shape are left out; {} with fewer than two distinct slot counts."""
     split: dict[str, tuple[float, float]] = {}
-    for klass in _CLASSES:
+    for klass in dict.fromkeys(k for r in matrix for k in r["cpu_us_per_job"]):
         points = [
             (1 / r["slots"], r["cpu_us_per_job"][klass])
             for r in matrix
