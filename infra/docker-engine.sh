@@ -15,6 +15,14 @@
 # nothing can be routed off the machine: no iptables rules of its own (so no NAT/masquerade),
 # no IP forwarding switched on, published ports only through its userland proxy (compose binds
 # them to 127.0.0.1). Containers reach each other on their compose network and nothing else.
+#
+# One rule it does add, and removes at `stop`: where the kernel passes bridged frames through
+# iptables (br_netfilter, net.bridge.bridge-nf-call-iptables = 1), a FORWARD chain that drops
+# (the DROP policy another Docker engine sets, which outlives that engine) also drops frames
+# between two containers on one bridge, and every connection between services hangs until it
+# times out: CI saw `migrate` time out reaching PostgreSQL for 60 s. The rule accepts frames
+# that stay on their bridge (`--physdev-is-bridged`), which is what a bridge does without
+# br_netfilter; it routes nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE="$PWD/.jobq/docker"
@@ -65,6 +73,21 @@ install_compose() {
     rm -rf "$tmp"
 }
 
+BRIDGED=(FORWARD -m physdev --physdev-is-bridged -m comment --comment jobq-private-dockerd -j ACCEPT)
+
+# Accept frames between containers on one bridge where iptables would filter them (see above).
+accept_bridged() {
+    [ "$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null)" = 1 ] || return 0
+    command -v iptables >/dev/null || { say "bridged frames pass iptables, which is missing"; return 0; }
+    iptables -C "${BRIDGED[@]}" 2>/dev/null && return 0
+    local policy
+    policy="$(iptables -S FORWARD 2>/dev/null | sed -n 's/^-P FORWARD //p')"
+    say "bridged frames pass iptables' FORWARD chain (policy ${policy:-unknown}):" \
+        "accepting frames that stay on their bridge (rule jobq-private-dockerd)"
+    iptables -I "${BRIDGED[0]}" 1 "${BRIDGED[@]:1}" \
+        || say "could not add the rule: containers may not reach each other"
+}
+
 answers() { DOCKER_HOST="$1" docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
 
 start() {
@@ -96,11 +119,15 @@ start() {
             done
             answers "$host" || { say "dockerd did not answer; see $STATE/dockerd.log"; exit 1; }
         fi
+        accept_bridged
     fi
     echo "export DOCKER_HOST=$host DOCKER_CONFIG=$STATE/config"
 }
 
 stop() {
+    if command -v iptables >/dev/null && iptables -C "${BRIDGED[@]}" 2>/dev/null; then
+        iptables -D "${BRIDGED[@]}"
+    fi
     local pidfile="$STATE/dockerd.pid"
     [ -f "$pidfile" ] || return 0
     local pid
