@@ -6,7 +6,8 @@ Runs the services of an earlier revision (checked out with `git worktree` under
 change's effect on the hot paths is measured in one run rather than against figures taken on
 another day (the host's speed moves between runs; see benchmark/README.md). Per round and side:
 
-- a burn-down of `--jobs` pre-inserted `noop` jobs by the default shape (2 x 32), jobs/s and
+- a burn-down of `--jobs` pre-inserted `noop` jobs by the default shape (2 workers at the
+  default `WORKER_CONCURRENCY`), jobs/s and
   CPU per job across every process (`benchmark.burndown.burn_once`), after a `CHECKPOINT`, so
   a checkpoint owed to the previous side's writes does not land in this side's window; with
   `--tenants N` the backlog belongs to N tenants in turn (what fair shares cost), with
@@ -333,7 +334,8 @@ def _table(summary: dict[str, Any], rates: list[int]) -> str:
     rows = [
         "| figure | before | after | after/before |",
         "|---|---|---|---|",
-        f"| burn-down 2 x 32, jobs/s | {before['burn_jobs_per_s']:,.0f} | "
+        f"| burn-down {DEFAULT_SHAPE.replicas} x {DEFAULT_SHAPE.slots}, jobs/s | "
+        f"{before['burn_jobs_per_s']:,.0f} | "
         f"{after['burn_jobs_per_s']:,.0f} | {ratio['burn_jobs_per_s']} |",
         f"| burn-down, after/before within each round | | | "
         f"{' / '.join(str(r) for r in ratio['burn_jobs_per_s_per_round'])} "

@@ -40,6 +40,7 @@ from benchmark.progress import Progress
 from benchmark.scrape import sample_total
 from infra.servers import ensure_postgres, ensure_redis
 from infra.stack import ROOT
+from services.worker.settings import DEFAULT_CONCURRENCY
 
 PY_SPY = Path(sys.executable).with_name("py-spy")
 TOP = 15
@@ -257,7 +258,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=150_000, help="burn-down backlog")
     parser.add_argument("--replicas", type=int, default=2, help="worker processes")
-    parser.add_argument("--slots", type=int, default=32, help="WORKER_CONCURRENCY of each")
+    parser.add_argument(
+        "--slots", type=int, default=DEFAULT_CONCURRENCY, help="WORKER_CONCURRENCY of each"
+    )
     parser.add_argument("--seconds", type=int, default=10, help="py-spy sampling time")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument(

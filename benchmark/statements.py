@@ -53,7 +53,8 @@ from services.queue import repository
 from services.queue.repository import JobRepository, create_pool
 
 CLAIM = 32
-"""Jobs per claim, as a worker of 32 slots asks for."""
+"""Jobs per claim, as a worker of 32 slots asks for (the default until 2026-12-07; kept at 32 so
+runs compare with the earlier ones in benchmark/README.md)."""
 
 KINDS = ("plain", "fair")
 """The usual claim (`ACK_AND_CLAIM_STATEMENT`) and the fair one (`…_FAIR_STATEMENT`)."""

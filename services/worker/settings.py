@@ -31,10 +31,13 @@ def _default_worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"[:200]
 
 
-DEFAULT_CONCURRENCY = 32
+DEFAULT_CONCURRENCY = 64
 """Jobs a worker runs at once by default. Processors are coroutines, so I/O-bound jobs overlap;
 and a claim asks for every free slot at once, so more slots mean fewer, larger claims (with 4
-slots a worker spends most of its time on round trips: docs/architecture.md#performance)."""
+slots a worker spends most of its time on round trips: docs/architecture.md#performance). 64,
+not 32: a claim costs every process together about 1 ms of CPU however many jobs it takes, so
+at 32 it was a third of each noop job's CPU; 2 workers of 64 drained 1.13-1.29x pgqueuer batch
+100 where 2 of 32 drained 0.79-0.96x (benchmark/README.md, "a claim's cost and a job's")."""
 
 
 def split_queues(value: object) -> object:

@@ -1,7 +1,7 @@
 """The KEDA trigger queries of `infra/k8s` (read from the rendered production overlay) against a
-real Prometheus scraping a real stack of two workers of 32 slots: zero on an idle queue and on
-a drained one (never empty or NaN), and under a backlog of 5,000 jobs exactly the demand the
-database holds, so the HPA asks for the replica count README "Kubernetes" predicts."""
+real Prometheus scraping a real stack of two workers of 64 slots (the default): zero on an idle
+queue and on a drained one (never empty or NaN), and under a backlog of 5,000 jobs exactly the
+demand the database holds, so the HPA asks for the replica count README "Kubernetes" predicts."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from tests.e2e.conftest import E2E_SETTINGS, wait_for_status
 
 BACKLOG = 5_000
 WORKERS = 2
-# Long enough that the 64 jobs the workers hold stay PROCESSING for the whole test.
+# Long enough that the 128 jobs the workers hold stay PROCESSING for the whole test.
 SLEEP_MS = 600_000
 
 
@@ -172,8 +172,8 @@ async def test_a_backlog_asks_for_the_replicas_the_formula_predicts(
     value = await _value(observer, demand)
     assert value == counts["PROCESSING"] + counts["PENDING"]
     # README: desired = ceil((pending + processing) / WORKER_CONCURRENCY), capped.
-    assert math.ceil(value / DEFAULT_CONCURRENCY) == 157
-    assert hpa_desired(demand, value, WORKERS, 0, 1000) == 157
+    assert math.ceil(value / DEFAULT_CONCURRENCY) == 79
+    assert hpa_desired(demand, value, WORKERS, 0, 1000) == 79
     assert hpa_desired(demand, value, WORKERS, 0, 20) == 20
     waited = await _value(observer, age)
     assert waited > 0, "the oldest pending job's age"

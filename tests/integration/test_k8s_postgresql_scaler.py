@@ -13,6 +13,8 @@ import asyncpg
 from infra.kubernetes import keda_triggers, render
 
 PENDING, PROCESSING_HERE, PROCESSING_ELSEWHERE, FINISHED = 10_000, 400, 300, 39_300
+LIMIT = 20 * 64
+"""maxReplicaCount x WORKER_CONCURRENCY: more cannot change what the HPA asks for."""
 BOUNDED_INDEXES = {
     "ix_job_claim",
     "ix_job_claim_next",
@@ -54,7 +56,7 @@ async def test_the_postgresql_trigger_counts_within_its_limit(clean_database: st
     trigger = keda_triggers(render("production-postgresql"))[("jobq-worker", "demand")]
     assert trigger.type == "postgresql"
     limits = [int(n) for n in re.findall(r"LIMIT (\d+)", trigger.query)]
-    assert limits == [640, 640], "20 replicas x 32 slots"
+    assert limits == [LIMIT, LIMIT], "20 replicas x 64 slots"
     connection = await asyncpg.connect(clean_database)
     try:
         await _fill(connection)
@@ -63,7 +65,7 @@ async def test_the_postgresql_trigger_counts_within_its_limit(clean_database: st
     finally:
         await connection.close()
     # The backlog is counted up to the limit; what runs is counted whole.
-    assert value == 640 + PROCESSING_HERE
+    assert value == LIMIT + PROCESSING_HERE
     plan = json.loads(explained)[0]["Plan"]
     scans = [n for n in _nodes(plan) if n.get("Relation Name") == "job"]
     assert scans, "the query reads job"
@@ -77,4 +79,4 @@ async def test_the_postgresql_trigger_counts_within_its_limit(clean_database: st
     )
     # Never the table (50,000 rows) nor the whole backlog (10,000): at most the two limits plus
     # other queues' leased jobs passed over on the way.
-    assert examined <= 2 * 640 + PROCESSING_ELSEWHERE, (examined, json.dumps(plan)[:3000])
+    assert examined <= 2 * LIMIT + PROCESSING_ELSEWHERE, (examined, json.dumps(plan)[:3000])

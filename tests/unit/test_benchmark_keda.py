@@ -27,7 +27,7 @@ def test_scaling_reads_the_scaled_object(worker: dict[str, Any]) -> None:
     assert (scaling.polling, scaling.cooldown, scaling.down_window) == (15, 300, 120)
     assert Policy("Percent", 100, 15) in scaling.up_policies
     assert {t.name: t.threshold for t in scaling.triggers} == {
-        "demand": 32,
+        "demand": 64,
         "oldest-pending-age": 30,
     }
     faster = Scaling.from_scaled_object(worker, time_scale=10, slots=4)
@@ -44,7 +44,7 @@ def test_activation_scale_up_limits_stabilisation_and_cooldown(worker: dict[str,
     assert controller.decide(0, idle, 0) == 0, "nothing waits: stays at zero"
     # One job activates: 0 -> 1 (KEDA), whatever the HPA would ask.
     assert controller.decide(15, {"demand": 1.0, "oldest-pending-age": 0.0}, 0) == 1
-    # 5,000 jobs ask for 157, but one period may only double or add 4: 1 -> 5.
+    # 5,000 jobs ask for 79, but one period may only double or add 4: 1 -> 5.
     busy = {"demand": 5000.0, "oldest-pending-age": 2.0}
     assert controller.decide(30, busy, 1) == 5
     assert controller.decide(45, busy, 5) == 10
