@@ -11,10 +11,11 @@ from typing import Any
 import asyncpg
 
 from infra.kubernetes import keda_triggers, render
+from services.worker.settings import DEFAULT_CONCURRENCY
 
 PENDING, PROCESSING_HERE, PROCESSING_ELSEWHERE, FINISHED = 10_000, 400, 300, 39_300
-LIMIT = 20 * 64
-"""maxReplicaCount x WORKER_CONCURRENCY: more cannot change what the HPA asks for."""
+LIMIT = 20 * DEFAULT_CONCURRENCY
+"""maxReplicaCount x the default WORKER_CONCURRENCY: more cannot change what the HPA asks for."""
 BOUNDED_INDEXES = {
     "ix_job_claim",
     "ix_job_claim_next",
@@ -56,7 +57,7 @@ async def test_the_postgresql_trigger_counts_within_its_limit(clean_database: st
     trigger = keda_triggers(render("production-postgresql"))[("jobq-worker", "demand")]
     assert trigger.type == "postgresql"
     limits = [int(n) for n in re.findall(r"LIMIT (\d+)", trigger.query)]
-    assert limits == [LIMIT, LIMIT], "20 replicas x 64 slots"
+    assert limits == [LIMIT, LIMIT], "20 replicas x the default slots"
     connection = await asyncpg.connect(clean_database)
     try:
         await _fill(connection)
