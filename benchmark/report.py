@@ -8,8 +8,6 @@ from pathlib import Path
 from statistics import linear_regression, median_high
 from typing import Any
 
-from services.worker.settings import DEFAULT_CONCURRENCY
-
 README = Path(__file__).parent / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
@@ -383,7 +381,9 @@ def _claim_split_table(document: dict[str, Any]) -> list[str]:
     split = claim_split(document["results"]["matrix"])
     if "total" not in split:
         return []
-    slots = DEFAULT_CONCURRENCY
+    # The run's own default shape (`<replicas>x<slots>`), not today's: a run re-rendered later
+    # keeps the slots it was measured at.
+    slots = int(document["settings"]["default_shape"].split("x")[1])
     lines = [
         "CPU per claim and per job, by process class (a least-squares fit of the matrix above: "
         f"CPU per job = per claim / slots + per job; at the default {slots} slots a claim's "

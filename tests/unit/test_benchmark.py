@@ -474,7 +474,8 @@ def test_claim_split_fits_cpu_per_claim_and_per_job_from_the_matrix() -> None:
     latest = sorted((report.README.parent / "results").glob("full-*.json"))[-1]
     document = json.loads(latest.read_text())
     document["results"]["matrix"] = matrix
-    # The last column is a claim's part of each job at the default slots (976 / 64).
+    document["settings"]["default_shape"] = "2x64"
+    # The last column is a claim's part of each job at the run's default slots (976 / 64).
     assert "| total | 976 | 38 | 15.20 |" in report.table(document, latest)
     # One slot count (or none) fits no line: no table rather than a made-up split.
     assert report.claim_split([shape(32), shape(32, 2)]) == {}
