@@ -41,6 +41,8 @@ class Preset:
     latency_fractions: tuple[float, ...]
     """Fractions of the producer's ingest knee the latency under load is measured at."""
     latency_seconds: int
+    latency_rounds: int
+    """Rounds of the latency steps (each round every fraction once, in order); medians taken."""
     claims: int
     claim_rounds: int
     history: HistorySizes
@@ -73,6 +75,7 @@ FULL = Preset(
     load_seconds=10,
     latency_fractions=(0.25, 0.5, 0.9),
     latency_seconds=20,
+    latency_rounds=3,
     claims=1_000,
     claim_rounds=3,
     history=HistorySizes(completed=1_000_000, scheduled=100_000),
@@ -104,6 +107,7 @@ QUICK = Preset(
     load_seconds=2,
     latency_fractions=(0.5,),
     latency_seconds=2,
+    latency_rounds=2,
     claims=30,
     claim_rounds=1,
     history=HistorySizes(completed=0, scheduled=1_000),

@@ -268,7 +268,9 @@ def _latency_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     for step in results.get("latency_under_load", {}).get("steps", []):
         if step["fraction"] == 0.5 and step["submit_to_completed"]["count"]:
             p99 = step["submit_to_completed"]["p99_ms"]
-            rows.append(_row(f"Submit -> COMPLETED at 50 % of the knee ({step['rate']}/s), p99",
+            rounds = len(step.get("rounds", [step]))
+            of = f", median of {rounds} rounds" if rounds > 1 else ""
+            rows.append(_row(f"Submit -> COMPLETED at 50 % of the knee ({step['rate']}/s), p99{of}",
                              p99, "ms", "< 25 ms", p99 < 25))  # fmt: skip
     cases = results["claims"]["cases"]
     for name, label in (("empty", "empty table"), ("completed_1m", "1,000,000 COMPLETED"),
@@ -425,19 +427,29 @@ def _latency_table(document: dict[str, Any]) -> list[str]:
     latency = document["results"].get("latency_under_load")
     if not latency:
         return []
+    rounds = max(len(step.get("rounds", [step])) for step in latency["steps"])
+    how = (
+        f"medians of {rounds} rounds (each round's p99 in brackets), max of all"
+        if rounds > 1
+        else "one round"
+    )
     lines = [
         f"Latency under load: submits through the producer at fractions of its knee "
         f"({_cell(latency['knee_per_s'])}/s), 2 workers running them; submit → COMPLETED by the "
-        "database's clock:",
+        f"database's clock, {how}:",
         "",
         "| rate | of the knee | submit p95 (ms) | to COMPLETED p50 | p95 | p99 | max | all done |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for step in latency["steps"]:
         done = step["submit_to_completed"]
+        p99 = _cell(done["p99_ms"])
+        if len(step.get("rounds", [])) > 1:
+            each = " / ".join(_cell(r["submit_to_completed"]["p99_ms"]) for r in step["rounds"])
+            p99 = f"{p99} ({each})"
         lines.append(
             f"| {step['rate']}/s | {step['fraction']:.0%} | {_cell(step['submit_p95_ms'])} | "
-            f"{_cell(done['p50_ms'])} | {_cell(done['p95_ms'])} | {_cell(done['p99_ms'])} | "
+            f"{_cell(done['p50_ms'])} | {_cell(done['p95_ms'])} | {p99} | "
             f"{_cell(done['max_ms'])} | {_cell(step['verified']['ok'])} |"
         )
     return lines

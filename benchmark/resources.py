@@ -23,7 +23,7 @@ from benchmark import database, pickup
 from benchmark.burndown import wait_completed
 from benchmark.context import Context, stack_pids
 from benchmark.ingest import Target, run_step
-from benchmark.stats import latency_summary
+from benchmark.stats import latency_summary, median
 from infra.stack import LocalStack
 
 
@@ -46,12 +46,14 @@ async def run(
     load_seconds: int,
     latency_rates: Sequence[tuple[float, int]] = (),
     latency_seconds: int = 0,
+    latency_rounds: int = 1,
 ) -> dict[str, Any]:
     """Returns `{idle, load, pickup, latency}`: `idle`/`load` map each class to `{cpu_percent,
     rss_mb}` (load also has the k6 step), `pickup` is `pickup.run`'s result, `latency` one
-    entry per `(fraction of the knee, rate)` of `latency_rates`, each k6 step
-    `latency_seconds` long (`_latency_step`). Every job submitted under load must complete
-    (`load.verified`, and `verified` of each latency step)."""
+    entry per `(fraction of the knee, rate)` of `latency_rates`: `latency_rounds` rounds, each
+    round one k6 step `latency_seconds` long per rate in order (`_latency_step`), summed up by
+    `_by_rate`. Every job submitted under load must complete (`load.verified`, and `verified`
+    of each latency step)."""
     key = secrets.token_urlsafe(24)
     url = await ctx.database("service")
     stack = ctx.stack(
@@ -73,9 +75,12 @@ async def run(
         accepted = step["requests"] - step["failed"]
         await wait_completed(connection, accepted, ctx.progress, "load", 120, stack)
         verified = database.verify(await database.outcome(connection), accepted)
-        latency = [
-            await _latency_step(ctx, stack, connection, target, fraction, rate, latency_seconds)
-            for fraction, rate in latency_rates
+        rounds = [
+            [
+                await _latency_step(ctx, stack, connection, target, fraction, rate, latency_seconds)
+                for fraction, rate in latency_rates
+            ]
+            for _ in range(latency_rounds)
         ]
     finally:
         await connection.close()
@@ -86,7 +91,38 @@ async def run(
         "idle": {"seconds": idle_seconds, "classes": idle},
         "load": load,
         "pickup": picked,
-        "latency": latency,
+        "latency": [_by_rate(list(steps)) for steps in zip(*rounds, strict=True)],
+    }
+
+
+def _by_rate(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One rate's latency steps over the rounds as one entry shaped like a step: the median of
+    the rounds' submit p50/p95 and of their submit → COMPLETED p50/p95/p99 (the issue 17
+    method: medians of rounds, so one round's stall is seen but does not decide), the max of
+    their maxima, the sums of counts, drops and failures, `verified` ok only when every round's
+    was; the rounds themselves under `rounds`."""
+    done = [r["submit_to_completed"] for r in rounds]
+    checks = [r["verified"] for r in rounds]
+    return {
+        "fraction": rounds[0]["fraction"],
+        "rate": rounds[0]["rate"],
+        "submit_p50_ms": median([r["submit_p50_ms"] for r in rounds]),
+        "submit_p95_ms": median([r["submit_p95_ms"] for r in rounds]),
+        "dropped": sum(r["dropped"] for r in rounds),
+        "failed": sum(r["failed"] for r in rounds),
+        "submit_to_completed": {
+            "count": sum(d["count"] for d in done),
+            **{k: median([d[k] for d in done]) for k in ("p50_ms", "p95_ms", "p99_ms")},
+            "max_ms": max(d["max_ms"] for d in done),
+        },
+        "verified": {
+            "ok": all(c["ok"] for c in checks),
+            **{
+                k: sum(c[k] for c in checks)
+                for k in ("expected", "completed", "lost", "not_completed", "over_attempts")
+            },
+        },
+        "rounds": rounds,
     }
 
 

@@ -164,6 +164,7 @@ async def _phases_run(ctx: Context, preset: Preset, python: Path | None) -> dict
         preset.load_seconds,
         [(f, max(1, round(f * knee))) for f in preset.latency_fractions],
         preset.latency_seconds,
+        preset.latency_rounds,
     )
     results["latency_under_load"] = {"knee_per_s": knee, "steps": service.pop("latency")}
     results["pickup"] = service.pop("pickup")

@@ -84,6 +84,12 @@ def test_quick_suite_completes_every_job(result: tuple[dict[str, Any], Path]) ->
     assert [step["fraction"] for step in latency["steps"]] == [0.5]
     for step in latency["steps"]:
         _verified(step, f"latency under load @ {step['rate']}/s")
+        assert len(step["rounds"]) == 2, step  # the quick preset's latency_rounds
+        for each in step["rounds"]:
+            _verified(each, f"latency under load @ {step['rate']}/s, one round")
+        assert step["verified"]["completed"] == sum(
+            each["verified"]["completed"] for each in step["rounds"]
+        )
         done = step["submit_to_completed"]
         assert done["count"] == step["verified"]["completed"], done
         assert 0 < done["p50_ms"] <= done["p95_ms"] <= done["p99_ms"] <= done["max_ms"], done
