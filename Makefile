@@ -175,7 +175,7 @@ bench-floor: install ## The HTTP stack's CPU per request without jobq (raw ASGI,
 	$(BIN)/python -m benchmark.floor --rate $(FLOOR_RATE)
 
 .PHONY: bench-quick
-bench-quick: install ## Benchmark suite at smoke-test size (no peers, one round; what CI runs), not committed
+bench-quick: install ## Benchmark suite at smoke-test size (no peers, small N, ~1 min; what CI runs), not committed
 	$(BIN)/python -m benchmark --preset quick
 
 .PHONY: bench-autoscale
