@@ -251,13 +251,16 @@ async def test_a_tenant_rate_limit_holds_each_tenant_to_its_own_rate(
     assert done == {"webhook": 60}
     times = await claim_times(clean_database)
     assert set(times) == {"acme", "globex"}
+    # Each tenant: 2 at once, then 10 a second (28 more in 2.8 s), whatever the other. The
+    # limit is a floor (never faster, but for the clocks' rounding); above it, a busy host only
+    # adds its own delays. One rate shared by both tenants would take 5.8 s (58 jobs after the
+    # burst), for each tenant and for the whole drain: 4.5 s tells the two apart.
     for tenant_times in times.values():
-        # Each tenant: 2 at once, then 10 a second (28 more in 2.8 s), whatever the other.
-        assert tenant_times[-1] - tenant_times[0] == pytest.approx(2.8, rel=0.15)
+        assert 2.8 * 0.95 <= tenant_times[-1] - tenant_times[0] < 4.5
         assert busiest_window(tenant_times, 0.1) <= 2 + 2
     # Both tenants ran side by side: the whole drain took about as long as one tenant's.
     every = sorted(at for tenant_times in times.values() for at in tenant_times)
-    assert every[-1] - every[0] < 2.8 * 1.3
+    assert every[-1] - every[0] < 4.5
 
 
 async def test_a_released_failed_or_expired_job_frees_its_slot_at_once(
