@@ -231,8 +231,10 @@ async def test_a_rate_limit_hands_out_its_rate_on_every_replica(
     )
     assert done == {"webhook": 1000}
     [times] = (await claim_times(clean_database)).values()
-    # The burst at once, then 50 a second: the other 990 take 19.8 s.
-    assert times[-1] - times[0] == pytest.approx(19.8, rel=0.10)
+    # The burst at once, then 50 a second: the other 990 take 19.8 s. The limit is a floor
+    # (a limit each replica applied on its own would take 9.9 s); above it, a busy host only
+    # adds its own delays, so the ceiling is loose.
+    assert 19.8 * 0.95 <= times[-1] - times[0] < 19.8 * 1.25
     assert busiest_window(times, 0.1) <= 10 + 5
     held = (await second.get("/metrics")).text + (await first.get("/metrics")).text
     assert 'jobq_claims_held_back_total{queue="hooks",reason="rate",task_type="webhook"}' in held
