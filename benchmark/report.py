@@ -268,7 +268,7 @@ def _latency_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     for step in results.get("latency_under_load", {}).get("steps", []):
         if step["fraction"] == 0.5 and step["submit_to_completed"]["count"]:
             p99 = step["submit_to_completed"]["p99_ms"]
-            rounds = len(step.get("rounds", [step]))
+            rounds = len(_rounds(step))
             of = f", median of {rounds} rounds" if rounds > 1 else ""
             rows.append(_row(f"Submit -> COMPLETED at 50 % of the knee ({step['rate']}/s), p99{of}",
                              p99, "ms", "< 25 ms", p99 < 25))  # fmt: skip
@@ -423,11 +423,17 @@ def _resources_table(document: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _rounds(step: dict[str, Any]) -> list[dict[str, Any]]:
+    """A latency step's rounds; a run from before the rounds (one step per rate) is its own."""
+    rounds: list[dict[str, Any]] = step.get("rounds", [step])
+    return rounds
+
+
 def _latency_table(document: dict[str, Any]) -> list[str]:
     latency = document["results"].get("latency_under_load")
     if not latency:
         return []
-    rounds = max(len(step.get("rounds", [step])) for step in latency["steps"])
+    rounds = max(len(_rounds(step)) for step in latency["steps"])
     how = (
         f"medians of {rounds} rounds (each round's p99 in brackets), max of all"
         if rounds > 1
@@ -444,8 +450,8 @@ def _latency_table(document: dict[str, Any]) -> list[str]:
     for step in latency["steps"]:
         done = step["submit_to_completed"]
         p99 = _cell(done["p99_ms"])
-        if len(step.get("rounds", [])) > 1:
-            each = " / ".join(_cell(r["submit_to_completed"]["p99_ms"]) for r in step["rounds"])
+        if len(_rounds(step)) > 1:
+            each = " / ".join(_cell(r["submit_to_completed"]["p99_ms"]) for r in _rounds(step))
             p99 = f"{p99} ({each})"
         lines.append(
             f"| {step['rate']}/s | {step['fraction']:.0%} | {_cell(step['submit_p95_ms'])} | "

@@ -117,10 +117,7 @@ def _by_rate(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "verified": {
             "ok": all(c["ok"] for c in checks),
-            **{
-                k: sum(c[k] for c in checks)
-                for k in ("expected", "completed", "lost", "not_completed", "over_attempts")
-            },
+            **{k: sum(c[k] for c in checks) for k in checks[0] if k != "ok"},
         },
         "rounds": rounds,
     }
