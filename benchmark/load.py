@@ -14,7 +14,11 @@ The result (settings, machine, k6's summary export, completion) is written to
 `benchmark/results/k6-<script>-<time>.json`. With `--base-url` (say `make run`'s producer) it
 only runs k6, passing `API_KEY` from the environment.
 
-The exit status is k6's: 99 when a threshold (p95 < 250 ms, < 1 % failed) was broken.
+The exit status is k6's: 99 when a threshold (p95 < 250 ms, < 1 % failed; for `submit.js`
+and `mixed.js` < 1 % of the iterations dropped) was broken. On its own stack it is 1 when k6
+passed but not every accepted job completed (the queue did not drain, a job ended in another
+status, or fewer `submit.js` jobs COMPLETED than submits accepted); the reasons are printed
+and kept in the result's `unfinished`.
 
     python -m benchmark.load --script submit --rate 800 --duration 60s   # `make k6 RATE=800 …`
 """
@@ -140,16 +144,63 @@ async def _drain(database_url: str, within: float) -> dict[str, Any]:
     }
 
 
+def unfinished(script: str, accepted: int, completion: dict[str, Any]) -> list[str]:
+    """Why a run's jobs do not all count as done, from `_drain`'s `completion` ([] when they
+    do): the queue did not drain, a job ended in a status other than COMPLETED, or (for
+    `submit.js`, one job per accepted request) fewer jobs COMPLETED than submits accepted.
+    More COMPLETED than accepted is fine: a submit answered 504 may still have created its job."""
+    reasons = []
+    if not completion["drained"]:
+        reasons.append("the queue did not drain within the drain timeout")
+    others = {k: v for k, v in completion["jobs_by_status"].items() if k != "COMPLETED"}
+    if others:
+        reasons.append(f"jobs not COMPLETED: {others}")
+    if script == "submit" and completion["completed"] < accepted:
+        reasons.append(f"{accepted:,} submits accepted, {completion['completed']:,} COMPLETED")
+    return reasons
+
+
 async def run_on_fresh_stack(
     script: str,
     settings: dict[str, str],
     workers: int,
     drain_timeout: float,
     root: Path = ROOT,
+    results: Path = RESULTS,
+    database_name: str = "jobq_k6",
 ) -> tuple[int, dict[str, Any]]:
-    """Start a stack (running the services of the checkout at `root`), run k6 against it,
-    measure completion; (k6's exit code, result)."""
-    database_url = await migrated_database(ensure_postgres(), "jobq_k6", root)
+    """Start a stack (running the services of the checkout at `root`) on a fresh database
+    `database_name`, run k6 against it, measure completion, write the result JSON into
+    `results`; (k6's exit code, result). RunInProgress when another run holds that database."""
+    base_url = ensure_postgres()
+    guard = await asyncpg.connect(f"{base_url}/postgres")
+    try:
+        # Held for the whole run: a second run would drop this one's database under it.
+        if not await guard.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", database_name):
+            raise RunInProgress(
+                f"another make k6 is running on database {database_name!r} of this server;"
+                " wait for it to finish"
+            )
+        return await _run(script, settings, workers, drain_timeout, root, results, database_name)
+    finally:
+        await guard.close()
+
+
+class RunInProgress(RuntimeError):
+    """Another `make k6` holds the database this run would recreate."""
+
+
+async def _run(
+    script: str,
+    settings: dict[str, str],
+    workers: int,
+    drain_timeout: float,
+    root: Path,
+    results: Path,
+    database_name: str,
+) -> tuple[int, dict[str, Any]]:
+    """`run_on_fresh_stack`'s body, with the database's lock held."""
+    database_url = await migrated_database(ensure_postgres(), database_name, root)
     key = secrets.token_urlsafe(24)
     logs = Path(tempfile.mkdtemp(prefix="jobq-k6-"))
     stack = LocalStack(
@@ -206,14 +257,20 @@ async def run_on_fresh_stack(
         "k6_exit_code": code,
         "k6_summary": k6_summary,
         "completion": completion,
+        "unfinished": unfinished(script, accepted, completion),
         "cpu_us_per_accepted_request": per_request,
         "usage": usage,
     }
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"k6-{script}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
+    print(f"wrote {write_result(results, script, result)}", file=sys.stderr)
     return code, result
+
+
+def write_result(results: Path, script: str, result: dict[str, Any]) -> Path:
+    """Write `result` as `results/k6-<script>-<UTC time>.json`; its path."""
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"k6-{script}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
 
 
 def main() -> int:
@@ -245,13 +302,23 @@ def main() -> int:
             env["API_KEY"] = os.environ["API_KEY"]
         with tempfile.TemporaryDirectory() as scratch:
             return run_k6(args.script, env, Path(scratch) / "summary.json")
-    code, result = asyncio.run(
-        run_on_fresh_stack(
-            args.script, settings, args.workers, args.drain_timeout, args.services_from.resolve()
+    try:
+        code, result = asyncio.run(
+            run_on_fresh_stack(
+                args.script,
+                settings,
+                args.workers,
+                args.drain_timeout,
+                args.services_from.resolve(),
+            )
         )
-    )
+    except RunInProgress as error:
+        print(f"make k6: {error}", file=sys.stderr)
+        return 2
     print(json.dumps(result["completion"], indent=2))
-    return code
+    for reason in result["unfinished"]:
+        print(f"make k6: not every accepted job completed: {reason}", file=sys.stderr)
+    return code or (1 if result["unfinished"] else 0)
 
 
 if __name__ == "__main__":

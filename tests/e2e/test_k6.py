@@ -16,7 +16,7 @@ import asyncpg
 import httpx
 import pytest
 
-from benchmark.load import run_k6
+from benchmark.load import RunInProgress, accepted_requests, run_k6, run_on_fresh_stack
 from infra.stack import LocalStack
 from tests.e2e.conftest import E2E_SETTINGS
 
@@ -113,3 +113,55 @@ async def test_mixed_and_burst_scripts_run(
     assert {"http_req_duration{target:10}", "http_req_duration{target:20}"} <= set(
         summary["metrics"]
     ), "one latency line per step"
+
+
+async def test_make_k6_on_its_own_stack_counts_every_accepted_job_completed(tmp_path: Path) -> None:
+    """What `make k6` runs without BASE_URL: a fresh stack and database, k6, the wait for the
+    drain, CPU per accepted submit by process, and the result file."""
+    settings = {"RATE": "20", "DURATION": "5s", "PEAK": "20"}
+    # Its own database, so a `make k6` running beside the tests keeps its own.
+    code, result = await run_on_fresh_stack(
+        "submit", settings, 1, 60, results=tmp_path, database_name="jobq_k6_test"
+    )
+    _assert_no_errors(code, result["k6_summary"]["metrics"])
+    accepted = accepted_requests(result["k6_summary"])
+    completion = result["completion"]
+    assert accepted > 0
+    assert completion["drained"], completion
+    assert set(completion["jobs_by_status"]) == {"COMPLETED"}, completion
+    assert completion["completed"] >= accepted
+    assert completion["submit_to_completed"]["count"] == completion["completed"]
+    assert result["unfinished"] == []
+    cpu = result["cpu_us_per_accepted_request"]
+    assert {"producer", "queue", "workers", "postgres", "client"} <= set(cpu), cpu
+    assert cpu["producer"] > 0 and cpu["server_total"] > cpu["producer"]
+    assert _written(tmp_path)["completion"] == completion
+
+
+async def test_a_second_make_k6_on_the_same_database_stops_before_touching_it(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The first run's lock (held here by hand) keeps a second from dropping its database."""
+    base_url = database_url.rsplit("/", 1)[0]
+    first = await asyncpg.connect(f"{base_url}/postgres")
+    try:
+        await first.execute("CREATE DATABASE jobq_k6_busy")
+        assert await first.fetchval("SELECT pg_try_advisory_lock(hashtext('jobq_k6_busy'))")
+        with pytest.raises(RunInProgress, match="another make k6 is running"):
+            await run_on_fresh_stack(
+                "submit", {}, 1, 1, results=tmp_path, database_name="jobq_k6_busy"
+            )
+        still_there = await first.fetchval(
+            "SELECT count(*) FROM pg_database WHERE datname = 'jobq_k6_busy'"
+        )
+        assert still_there == 1
+    finally:
+        await first.execute("DROP DATABASE IF EXISTS jobq_k6_busy")
+        await first.close()
+
+
+def _written(results: Path) -> dict[str, Any]:
+    """The one result file a run wrote into `results`."""
+    [path] = results.glob("k6-submit-*.json")
+    document: dict[str, Any] = json.loads(path.read_text())
+    return document

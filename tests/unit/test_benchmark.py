@@ -15,7 +15,7 @@ from benchmark import compare, floor, report, resources, statements
 from benchmark.dashboard_snapshot import OUTPUT, describe_workers
 from benchmark.database import verify
 from benchmark.ingest import passes
-from benchmark.load import accepted_requests
+from benchmark.load import accepted_requests, unfinished
 from benchmark.pgbench import script
 from benchmark.processes import cpu_per_request
 from benchmark.stats import latency_summary, percentile
@@ -127,6 +127,32 @@ def test_cpu_per_accepted_request_leaves_the_load_generator_out_of_the_server_to
     assert accepted == 1_000
     assert per == {"producer": 500.0, "postgres": 250.0, "client": 400.0, "server_total": 750.0}
     assert cpu_per_request(usage, accepted_requests({})) == {}
+
+
+def test_a_k6_run_counts_as_done_only_when_every_accepted_job_completed() -> None:
+    def completion(drained: bool = True, **by_status: int) -> dict[str, object]:
+        return {
+            "drained": drained,
+            "jobs_by_status": by_status,
+            "completed": by_status.get("COMPLETED", 0),
+        }
+
+    assert unfinished("submit", 100, completion(COMPLETED=100)) == []
+    # A submit answered 504 may still have created its job: more COMPLETED than accepted is done.
+    assert unfinished("submit", 99, completion(COMPLETED=100)) == []
+    assert unfinished("submit", 100, completion(COMPLETED=98)) == [
+        "100 submits accepted, 98 COMPLETED"
+    ]
+    assert unfinished("submit", 100, completion(False, COMPLETED=99, PENDING=1)) == [
+        "the queue did not drain within the drain timeout",
+        "jobs not COMPLETED: {'PENDING': 1}",
+        "100 submits accepted, 99 COMPLETED",
+    ]
+    # mixed.js reads statuses and submits batches: its requests are not its jobs.
+    assert unfinished("mixed", 100, completion(COMPLETED=160)) == []
+    assert unfinished("mixed", 100, completion(COMPLETED=159, DEAD_LETTER=1)) == [
+        "jobs not COMPLETED: {'DEAD_LETTER': 1}"
+    ]
 
 
 def test_latency_under_load_gets_a_table_and_the_half_knee_p99_a_target() -> None:
