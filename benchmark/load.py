@@ -181,7 +181,8 @@ async def run_on_fresh_stack(
                 f"another make k6 is running on database {database_name!r} of this server;"
                 " wait for it to finish"
             )
-        return await _run(script, settings, workers, drain_timeout, root, results, database_name)
+        database = (base_url, database_name)
+        return await _run(script, settings, workers, drain_timeout, root, results, database)
     finally:
         await guard.close()
 
@@ -197,10 +198,10 @@ async def _run(
     drain_timeout: float,
     root: Path,
     results: Path,
-    database_name: str,
+    database: tuple[str, str],
 ) -> tuple[int, dict[str, Any]]:
-    """`run_on_fresh_stack`'s body, with the database's lock held."""
-    database_url = await migrated_database(ensure_postgres(), database_name, root)
+    """`run_on_fresh_stack`'s body, with the lock on `database` (server URL, name) held."""
+    database_url = await migrated_database(*database, root)
     key = secrets.token_urlsafe(24)
     logs = Path(tempfile.mkdtemp(prefix="jobq-k6-"))
     stack = LocalStack(
