@@ -7,6 +7,7 @@ Used by the end-to-end tests and the benchmarks, so both exercise exactly the pr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -25,10 +26,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports on 127.0.0.1 that nothing listens on right now. Every socket
+    stays bound until all are taken: one at a time, the kernel may hand out the port it just
+    gave back (a stack's queue service and producer were once given the same one)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 @dataclass
@@ -62,11 +73,11 @@ class LocalStack:
     stopped: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.queue_port, self.producer_port, self.smtp_port = free_port(), free_port(), free_port()
-        self.sqs_port = free_port()
+        ports = free_ports(4 + self.workers)
+        self.queue_port, self.producer_port, self.smtp_port, self.sqs_port = ports[:4]
         # Every stack guards its queue service like production does.
         self.internal_token = secrets.token_urlsafe(24)
-        self.metrics_ports = [free_port() for _ in range(self.workers)]
+        self.metrics_ports = ports[4:]
         self.logs.mkdir(parents=True, exist_ok=True)
 
     @property

@@ -4,11 +4,14 @@ env file it is not given, and env files stay out of git."""
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+
+from infra.stack import LocalStack, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -158,3 +161,16 @@ def test_dev_keys_export_aws_variables_naming_the_admin_key() -> None:
         "AWS_DEFAULT_REGION": settings.sqs_region,
         "AWS_ENDPOINT_URL_SQS": f"http://127.0.0.1:{settings.sqs_port}",
     }
+
+
+def test_a_stack_gets_distinct_ports_nothing_listens_on(tmp_path: Path) -> None:
+    """Each stack's ports come from one call that holds every socket until all are taken (a
+    queue service and a producer were once handed the same port, one call at a time)."""
+    ports = free_ports(64)
+    assert len(set(ports)) == 64
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+    stack = LocalStack("postgresql://unused", "redis://unused", tmp_path, workers=8)
+    taken = [stack.queue_port, stack.producer_port, stack.smtp_port, stack.sqs_port]
+    assert len(set(taken + stack.metrics_ports)) == 12
