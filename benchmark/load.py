@@ -181,8 +181,9 @@ async def run_on_fresh_stack(
                 f"another make k6 is running on database {database_name!r} of this server;"
                 " wait for it to finish"
             )
-        database = (base_url, database_name)
-        return await _run(script, settings, workers, drain_timeout, root, results, database)
+        return await _run(
+            script, settings, workers, drain_timeout, root, results, base_url, database_name
+        )
     finally:
         await guard.close()
 
@@ -198,10 +199,11 @@ async def _run(
     drain_timeout: float,
     root: Path,
     results: Path,
-    database: tuple[str, str],
+    base_url: str,
+    database_name: str,
 ) -> tuple[int, dict[str, Any]]:
-    """`run_on_fresh_stack`'s body, with the lock on `database` (server URL, name) held."""
-    database_url = await migrated_database(*database, root)
+    """`run_on_fresh_stack`'s body, with the lock on `database_name` of `base_url` held."""
+    database_url = await migrated_database(base_url, database_name, root)
     key = secrets.token_urlsafe(24)
     logs = Path(tempfile.mkdtemp(prefix="jobq-k6-"))
     stack = LocalStack(

@@ -139,11 +139,10 @@ async def test_make_k6_on_its_own_stack_counts_every_accepted_job_completed(tmp_
 
 
 async def test_a_second_make_k6_on_the_same_database_stops_before_touching_it(
-    database_url: str, tmp_path: Path
+    postgres_base: str, tmp_path: Path
 ) -> None:
     """The first run's lock (held here by hand) keeps a second from dropping its database."""
-    base_url = database_url.rsplit("/", 1)[0]
-    first = await asyncpg.connect(f"{base_url}/postgres")
+    first = await asyncpg.connect(f"{postgres_base}/postgres")
     try:
         await first.execute("CREATE DATABASE jobq_k6_busy")
         assert await first.fetchval("SELECT pg_try_advisory_lock(hashtext('jobq_k6_busy'))")
