@@ -33,7 +33,7 @@ import yaml
 
 from infra import prometheus_config, tools
 from infra.grafana.dashboard import DASHBOARD_JSON
-from infra.stack import ROOT, LocalStack, free_port
+from infra.stack import ROOT, LocalStack, free_port, free_ports
 
 EXPORTER_QUERIES = ROOT / "infra" / "postgres-exporter" / "queries.yml"
 RULES = sorted(prometheus_config.RULES_DIR.glob("*.yml"))
@@ -163,7 +163,7 @@ class Observer:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.exporter_port, self.prometheus_port = free_port(), free_port()
+        self.exporter_port, self.prometheus_port = free_ports(2)
         self.workdir.mkdir(parents=True, exist_ok=True)
 
     @property

@@ -23,7 +23,7 @@ import redis
 
 from infra import servers
 from infra.servers import ServerUnavailable, ensure_database, ensure_postgres, ensure_redis
-from infra.stack import free_port
+from infra.stack import free_port, free_ports
 from tests.conftest import _admin
 
 
@@ -33,8 +33,9 @@ def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     state directory."""
     monkeypatch.delenv("DATABASE_URL", raising=False)
     monkeypatch.delenv("REDIS_URL", raising=False)
-    monkeypatch.setattr(servers, "DEFAULT_PG_PORT", free_port())
-    monkeypatch.setattr(servers, "DEFAULT_REDIS_PORT", free_port())
+    pg_port, redis_port = free_ports(2)
+    monkeypatch.setattr(servers, "DEFAULT_PG_PORT", pg_port)
+    monkeypatch.setattr(servers, "DEFAULT_REDIS_PORT", redis_port)
     empty = tmp_path / "empty-path"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
