@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 from infra.stack import LocalStack
 from jobq.cli import cli
 from jobq.client import AsyncClient, Client
+from tests.conftest import own_database
 from tests.e2e.conftest import E2E_SETTINGS, wait_for_status
 
 ADMIN = "admin-acme-0123456789abcdef"
@@ -34,27 +36,35 @@ def auth(key: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 async def ops(
-    database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    postgres_base: str,
+    template_database: str,
+    redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[LocalStack]:
     """A stack with keys of two tenants, a global admin and a submit key; activity flushed
-    every 200 ms so the views fill quickly."""
-    stack = LocalStack(
-        database_url,
-        redis_url,
-        tmp_path_factory.mktemp("ops"),
-        environment={
-            **E2E_SETTINGS,
-            "JOBQ_API_KEYS": KEYS,
-            "QUEUE_ACTIVITY_INTERVAL": "200ms",
-            "QUEUE_SCHEDULES": SCHEDULES,
-            "WORKER_CONCURRENCY": "7",
-        },
-    )
-    await stack.start()
-    try:
-        yield stack
-    finally:
-        stack.stop()
+    every 200 ms so the views fill quickly. On a database of its own: the workers and
+    per-minute views read rows every stack writes (a worker is listed for QUEUE_WORKER_LIVE,
+    60 s, after its last claim, by name), so on the session's shared database the views
+    would also show what the modules before this one left there."""
+    name = f"jobq_operator_api_{os.getpid()}"
+    async with own_database(postgres_base, template_database, name) as database_url:
+        stack = LocalStack(
+            database_url,
+            redis_url,
+            tmp_path_factory.mktemp("ops"),
+            environment={
+                **E2E_SETTINGS,
+                "JOBQ_API_KEYS": KEYS,
+                "QUEUE_ACTIVITY_INTERVAL": "200ms",
+                "QUEUE_SCHEDULES": SCHEDULES,
+                "WORKER_CONCURRENCY": "7",
+            },
+        )
+        await stack.start()
+        try:
+            yield stack
+        finally:
+            stack.stop()
 
 
 async def submit(client: httpx.AsyncClient, queue: str, n: int, key: str = ADMIN) -> list[str]:
